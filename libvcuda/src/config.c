@@ -1,0 +1,200 @@
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+struct vcuda_config vcuda_config;
+
+/* One options table: the environment variable is "VCUDA_" + name. */
+enum option_kind { OPT_QUANTITY, OPT_PERCENT, OPT_INT, OPT_STRING, OPT_BOOL, OPT_LOSS, OPT_LOG_LEVEL };
+
+struct option {
+    const char *name;
+    enum option_kind kind;
+    const char *fallback;   /* used when the variable is unset or empty */
+    const char *description;
+};
+
+static const struct option options[] = {
+    {"MEMORY_LIMIT", OPT_QUANTITY, "", "device memory limit per visible GPU (unset: unlimited)"},
+    {"CORE_REQUEST", OPT_PERCENT, "100", "guaranteed share of GPU time, percent"},
+    {"CORE_LIMIT", OPT_PERCENT, "", "cap on the share of GPU time, percent (default: request)"},
+    {"SCHEDULER", OPT_STRING, "", "ZeroMQ endpoint of the GPU's token scheduler"},
+    {"LEDGER", OPT_STRING, "", "the container's ledger file (unset: process-private)"},
+    {"SCHEDULER_TIMEOUT_MS", OPT_INT, "5000", "how long to retry a lost scheduler"},
+    {"ON_SCHEDULER_LOSS", OPT_LOSS, "block", "block or run when the scheduler stays lost"},
+    {"REAL_LIBCUDA", OPT_STRING, "libcuda.so.1", "path of the real CUDA driver library"},
+    {"REAL_LIBNVML", OPT_STRING, "libnvidia-ml.so.1", "path of the real NVML library"},
+    {"LOG_LEVEL", OPT_LOG_LEVEL, "warn", "error, warn, info or debug"},
+    {"DISABLE", OPT_BOOL, "", "1: pure pass-through"},
+};
+#define OPTION_COUNT (sizeof options / sizeof options[0])
+
+static void config_fail(const char *fmt, const char *a, const char *b) {
+    if (vcuda_config.error[0]) return; /* keep the first error */
+    snprintf(vcuda_config.error, sizeof vcuda_config.error, fmt, a, b);
+}
+
+int vcuda_quantity_parse(const char *text, uint64_t *bytes, const char **why) {
+    static const struct { const char *suffix; double factor; } units[] = {
+        {"Ki", 1024.0}, {"Mi", 1048576.0}, {"Gi", 1073741824.0}, {"Ti", 1099511627776.0},
+        {"Pi", 1125899906842624.0}, {"k", 1e3}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9},
+        {"T", 1e12}, {"P", 1e15}, {"", 1.0},
+    };
+    const char *p = text;
+    while (isspace((unsigned char)*p)) p++;
+    if (*p == '\0') { *why = "empty value"; return -1; }
+    if (*p == '-') { *why = "negative quantity"; return -1; }
+    if (!isdigit((unsigned char)*p) && *p != '.') { *why = "not a number"; return -1; }
+    /* Digits and at most one decimal point; strtod alone would accept hex and exponents. */
+    const char *num_end = p;
+    int dots = 0;
+    while (isdigit((unsigned char)*num_end) || *num_end == '.') dots += *num_end++ == '.';
+    if (dots > 1 || num_end == p || (num_end == p + 1 && *p == '.')) {
+        *why = "not a number"; return -1;
+    }
+    const char *unit = num_end;
+    const char *unit_end = unit;
+    while (isalpha((unsigned char)*unit_end)) unit_end++;
+    const char *rest = unit_end;
+    while (isspace((unsigned char)*rest)) rest++;
+    if (*rest != '\0') { *why = "unexpected characters after the unit"; return -1; }
+    size_t unit_len = (size_t)(unit_end - unit);
+    double factor = 0.0;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strlen(units[i].suffix) == unit_len && strncmp(units[i].suffix, unit, unit_len) == 0) {
+            factor = units[i].factor;
+            break;
+        }
+    }
+    if (factor == 0.0) { *why = "unknown unit (use Ki, Mi, Gi, Ti, k, M, G, T or plain bytes)"; return -1; }
+    if (dots == 0 && factor == 1.0) {
+        errno = 0;
+        unsigned long long v = strtoull(p, NULL, 10);
+        if (errno == ERANGE) { *why = "too large"; return -1; }
+        *bytes = v;
+        return 0;
+    }
+    double v = strtod(p, NULL) * factor;
+    if (!(v < 18446744073709549568.0)) { *why = "too large"; return -1; }
+    double whole = floor(v);
+    if (v - whole > 1e-6 * (v > 1 ? v : 1)) { *why = "not a whole number of bytes"; return -1; }
+    *bytes = (uint64_t)whole;
+    return 0;
+}
+
+static void set_option(const struct option *opt, const char *value, const char *env_name) {
+    const char *why = NULL;
+    switch (opt->kind) {
+    case OPT_QUANTITY: {
+        uint64_t bytes = VCUDA_UNLIMITED;
+        if (*value && vcuda_quantity_parse(value, &bytes, &why) != 0) {
+            char detail[256];
+            snprintf(detail, sizeof detail, "%s (\"%s\")", why, value);
+            config_fail("%s is invalid: %s; memory quotas cannot be enforced", env_name, detail);
+        }
+        for (int i = 0; i < VCUDA_MAX_DEVICES; i++) vcuda_config.memory_limit[i] = bytes;
+        break;
+    }
+    case OPT_PERCENT:
+    case OPT_INT: {
+        if (!*value) break;
+        char *end = NULL;
+        errno = 0;
+        long v = strtol(value, &end, 10);
+        bool bad = errno != 0 || end == value || *end != '\0';
+        if (opt->kind == OPT_PERCENT && (v < 1 || v > 100)) bad = true;
+        if (opt->kind == OPT_INT && v < 0) bad = true;
+        if (bad) {
+            config_fail("%s is invalid (\"%s\"): expected a whole number in range", env_name, value);
+            break;
+        }
+        if (strcmp(opt->name, "CORE_REQUEST") == 0) vcuda_config.core_request = (int)v;
+        else if (strcmp(opt->name, "CORE_LIMIT") == 0) vcuda_config.core_limit = (int)v;
+        else vcuda_config.scheduler_timeout_ms = (int)v;
+        break;
+    }
+    case OPT_STRING: {
+        char *dst = NULL;
+        size_t cap = 0;
+        if (strcmp(opt->name, "SCHEDULER") == 0) { dst = vcuda_config.scheduler; cap = sizeof vcuda_config.scheduler; }
+        else if (strcmp(opt->name, "LEDGER") == 0) { dst = vcuda_config.ledger; cap = sizeof vcuda_config.ledger; }
+        else if (strcmp(opt->name, "REAL_LIBCUDA") == 0) { dst = vcuda_config.real_libcuda; cap = sizeof vcuda_config.real_libcuda; }
+        else { dst = vcuda_config.real_libnvml; cap = sizeof vcuda_config.real_libnvml; }
+        if (strlen(value) >= cap) config_fail("%s is too long (\"%s\")", env_name, value);
+        else strcpy(dst, value);
+        break;
+    }
+    case OPT_BOOL:
+        vcuda_config.disabled = strcmp(value, "1") == 0 || strcmp(value, "true") == 0;
+        break;
+    case OPT_LOSS:
+        if (strcmp(value, "block") == 0) vcuda_config.on_scheduler_loss = VCUDA_LOSS_BLOCK;
+        else if (strcmp(value, "run") == 0) vcuda_config.on_scheduler_loss = VCUDA_LOSS_RUN;
+        else config_fail("%s is invalid (\"%s\"): expected block or run", env_name, value);
+        break;
+    case OPT_LOG_LEVEL: {
+        static const char *const levels[] = {"error", "warn", "info", "debug"};
+        int found = -1;
+        for (int i = 0; i < 4; i++) if (strcmp(value, levels[i]) == 0) found = i;
+        if (found < 0) vcuda_warn("%s=\"%s\" is not error, warn, info or debug; using warn", env_name, value);
+        else vcuda_log_threshold = found;
+        break;
+    }
+    }
+}
+
+void vcuda_config_load(void) {
+    memset(&vcuda_config, 0, sizeof vcuda_config);
+    vcuda_config.core_request = 100;
+    for (size_t i = 0; i < OPTION_COUNT; i++) {
+        char env_name[64];
+        snprintf(env_name, sizeof env_name, "VCUDA_%s", options[i].name);
+        const char *value = getenv(env_name);
+        if (value == NULL || *value == '\0') value = options[i].fallback;
+        set_option(&options[i], value, env_name);
+    }
+    if (vcuda_config.core_limit == 0) vcuda_config.core_limit = vcuda_config.core_request;
+    if (vcuda_config.core_limit < vcuda_config.core_request)
+        config_fail("VCUDA_CORE_LIMIT must be at least VCUDA_CORE_REQUEST%s%s", "", "");
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    vcuda_config.cuda_visible_devices_set = visible != NULL && *visible != '\0';
+    /* Per-device overrides: VCUDA_MEMORY_LIMIT_<i> for visible device i. */
+    for (int i = 0; i < VCUDA_MAX_DEVICES; i++) {
+        char env_name[64];
+        snprintf(env_name, sizeof env_name, "VCUDA_MEMORY_LIMIT_%d", i);
+        const char *value = getenv(env_name);
+        if (value == NULL || *value == '\0') continue;
+        const char *why = NULL;
+        uint64_t bytes = 0;
+        if (vcuda_quantity_parse(value, &bytes, &why) != 0) {
+            char detail[256];
+            snprintf(detail, sizeof detail, "%s (\"%s\")", why, value);
+            config_fail("%s is invalid: %s; memory quotas cannot be enforced", env_name, detail);
+        } else {
+            vcuda_config.memory_limit[i] = bytes;
+        }
+    }
+}
+
+int vcuda_config_describe(char *buf, unsigned long len) {
+    char limit[32];
+    if (vcuda_config.memory_limit[0] == VCUDA_UNLIMITED) snprintf(limit, sizeof limit, "unlimited");
+    else snprintf(limit, sizeof limit, "%llu", (unsigned long long)vcuda_config.memory_limit[0]);
+    return snprintf(buf, len,
+                    "VCUDA_DISABLE=%d\nVCUDA_MEMORY_LIMIT=%s\nVCUDA_CORE_REQUEST=%d\nVCUDA_CORE_LIMIT=%d\n"
+                    "VCUDA_SCHEDULER=%s\nVCUDA_LEDGER=%s\nVCUDA_SCHEDULER_TIMEOUT_MS=%d\n"
+                    "VCUDA_ON_SCHEDULER_LOSS=%s\nVCUDA_REAL_LIBCUDA=%s\nVCUDA_REAL_LIBNVML=%s\n"
+                    "VCUDA_LOG_LEVEL=%d\nerror=%s\n",
+                    vcuda_config.disabled, limit, vcuda_config.core_request, vcuda_config.core_limit,
+                    vcuda_config.scheduler, vcuda_config.ledger, vcuda_config.scheduler_timeout_ms,
+                    vcuda_config.on_scheduler_loss == VCUDA_LOSS_RUN ? "run" : "block",
+                    vcuda_config.real_libcuda, vcuda_config.real_libnvml, vcuda_log_threshold,
+                    vcuda_config.error);
+}

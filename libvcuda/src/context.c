@@ -1,0 +1,202 @@
+/* Contexts and their overhead (DESIGN.md "Memory": each process's context
+ * overhead is charged). The overhead is measured once per device per ledger,
+ * as the drop in the device's free memory around the first context creation,
+ * and stored in the ledger so later processes charge it without measuring. */
+#include "context.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#include "alloc_map.h"
+#include "log.h"
+#include "process.h"
+#include "real_driver.h"
+
+#define MAX_CONTEXTS 256
+#define OVERHEAD_SANITY_MAX (16ull << 30)
+
+struct context {
+    _Atomic(CUcontext) ctx; /* NULL: free entry */
+    CUdevice ordinal;
+    int dev_index;
+    bool primary;
+    int refs;          /* primary retains */
+    uint64_t overhead; /* bytes charged for it */
+};
+
+static struct context contexts[MAX_CONTEXTS];
+static _Atomic int context_high; /* entries [0, high) may be in use */
+static pthread_mutex_t context_lock = PTHREAD_MUTEX_INITIALIZER;
+
+bool vcuda_context_lookup(CUcontext ctx, CUdevice *ordinal) {
+    int high = atomic_load_explicit(&context_high, memory_order_acquire);
+    for (int i = 0; i < high; i++) {
+        if (atomic_load_explicit(&contexts[i].ctx, memory_order_acquire) == ctx) {
+            *ordinal = contexts[i].ordinal;
+            return true;
+        }
+    }
+    return false;
+}
+
+static struct context *find_locked(CUcontext ctx, CUdevice ordinal, bool primary) {
+    int high = atomic_load(&context_high);
+    for (int i = 0; i < high; i++) {
+        struct context *c = &contexts[i];
+        CUcontext cur = atomic_load(&c->ctx);
+        if (cur == NULL) continue;
+        if (primary ? (c->primary && c->ordinal == ordinal) : cur == ctx) return c;
+    }
+    return NULL;
+}
+
+static struct context *add_locked(CUcontext ctx) {
+    int high = atomic_load(&context_high);
+    for (int i = 0; i < MAX_CONTEXTS; i++) {
+        if (i < high && atomic_load(&contexts[i].ctx) != NULL) continue;
+        if (i >= high) atomic_store_explicit(&context_high, i + 1, memory_order_release);
+        return &contexts[i];
+    }
+    (void)ctx;
+    return NULL;
+}
+
+static void release_alloc(const struct vcuda_alloc *a, void *arg) {
+    (void)arg;
+    vcuda_ledger_release(&vcuda_proc.ledger, vcuda_proc.slot, a->dev, a->bytes);
+}
+
+/* The driver frees a context's allocations with it. */
+static void drop_locked(struct context *c) {
+    CUcontext ctx = atomic_load(&c->ctx);
+    if (c->overhead) vcuda_ledger_release(&vcuda_proc.ledger, vcuda_proc.slot, c->dev_index, c->overhead);
+    vcuda_alloc_take_context(ctx, release_alloc, NULL);
+    atomic_store_explicit(&c->ctx, NULL, memory_order_release);
+}
+
+/* Device-wide free memory from NVML, or UINT64_MAX when NVML cannot tell. */
+static uint64_t nvml_free(CUdevice ordinal) {
+    const char *uuid = vcuda_device_uuid(ordinal);
+    if (uuid == NULL || vcuda_nvml_load() != 0 || !vcuda_real_nvml.nvmlDeviceGetHandleByUUID ||
+        !vcuda_real_nvml.nvmlDeviceGetMemoryInfo)
+        return UINT64_MAX;
+    nvmlDevice_t dev;
+    nvmlMemory_t mem;
+    if (vcuda_real_nvml.nvmlDeviceGetHandleByUUID(uuid, &dev) != NVML_SUCCESS ||
+        vcuda_real_nvml.nvmlDeviceGetMemoryInfo(dev, &mem) != NVML_SUCCESS)
+        return UINT64_MAX;
+    return mem.free;
+}
+
+CUresult vcuda_context_before_create(CUdevice ordinal, bool primary, uint64_t *charged,
+                                     uint64_t *nvml_free_before) {
+    *charged = 0;
+    *nvml_free_before = UINT64_MAX;
+    CUresult rc = vcuda_process_ready();
+    if (rc != CUDA_SUCCESS) return rc;
+    if (primary) {
+        pthread_mutex_lock(&context_lock);
+        bool active = find_locked(NULL, ordinal, true) != NULL;
+        pthread_mutex_unlock(&context_lock);
+        if (active) return CUDA_SUCCESS; /* another retain of the same context */
+    }
+    uint64_t limit;
+    int dev = vcuda_device_index(ordinal, &limit, &rc);
+    if (dev < 0) return CUDA_SUCCESS; /* an invalid ordinal: the driver will say so */
+    uint64_t overhead = atomic_load(&vcuda_proc.ledger.file->devices[dev].context_overhead);
+    if (overhead == 0) {
+        *nvml_free_before = nvml_free(ordinal);
+        return CUDA_SUCCESS;
+    }
+    if (!vcuda_ledger_reserve(&vcuda_proc.ledger, vcuda_proc.slot, dev, overhead, limit)) {
+        vcuda_info("context on device %d refused: its %llu bytes of overhead exceed the quota",
+                   ordinal, (unsigned long long)overhead);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *charged = overhead;
+    return CUDA_SUCCESS;
+}
+
+/* First context on a device of this ledger: measure and charge the overhead.
+ * Returns false when the quota cannot hold it. */
+static bool charge_measured(CUdevice ordinal, int dev, uint64_t limit, uint64_t before,
+                            uint64_t *charged) {
+    uint64_t after = nvml_free(ordinal);
+    _Atomic uint64_t *known = &vcuda_proc.ledger.file->devices[dev].context_overhead;
+    uint64_t overhead = atomic_load(known);
+    if (overhead == 0) {
+        if (before == UINT64_MAX || after == UINT64_MAX || after >= before ||
+            before - after > OVERHEAD_SANITY_MAX) {
+            vcuda_debug("context overhead on device %d not measurable; not charged", ordinal);
+            return true;
+        }
+        uint64_t expected = 0;
+        overhead = before - after;
+        if (!atomic_compare_exchange_strong(known, &expected, overhead)) overhead = expected;
+        vcuda_debug("context overhead on device %d: %llu bytes", ordinal, (unsigned long long)overhead);
+    }
+    if (!vcuda_ledger_reserve(&vcuda_proc.ledger, vcuda_proc.slot, dev, overhead, limit)) return false;
+    *charged = overhead;
+    return true;
+}
+
+CUresult vcuda_context_after_create(CUresult rc, CUcontext ctx, CUdevice ordinal, bool primary,
+                                    uint64_t charged, uint64_t nvml_free_before) {
+    uint64_t limit;
+    CUresult dev_rc;
+    int dev = vcuda_device_index(ordinal, &limit, &dev_rc);
+    if (rc != CUDA_SUCCESS || dev < 0) {
+        if (charged && dev >= 0) vcuda_ledger_release(&vcuda_proc.ledger, vcuda_proc.slot, dev, charged);
+        return rc;
+    }
+    pthread_mutex_lock(&context_lock);
+    struct context *c = primary ? find_locked(NULL, ordinal, true) : NULL;
+    if (c) {
+        /* Another thread's retain created it first; ours added no context. */
+        c->refs++;
+        pthread_mutex_unlock(&context_lock);
+        if (charged) vcuda_ledger_release(&vcuda_proc.ledger, vcuda_proc.slot, dev, charged);
+        return CUDA_SUCCESS;
+    }
+    if (charged == 0 && !charge_measured(ordinal, dev, limit, nvml_free_before, &charged)) {
+        pthread_mutex_unlock(&context_lock);
+        /* Over quota: undo the context so nothing stays allocated. */
+        if (primary) vcuda_real.cuDevicePrimaryCtxRelease_v2(ordinal);
+        else vcuda_real.cuCtxDestroy_v2(ctx);
+        vcuda_info("context on device %d refused: its overhead exceeds the quota", ordinal);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    c = add_locked(ctx);
+    if (c == NULL) {
+        vcuda_warn("more than %d live contexts; context overhead no longer tracked", MAX_CONTEXTS);
+    } else {
+        c->ordinal = ordinal;
+        c->dev_index = dev;
+        c->primary = primary;
+        c->refs = 1;
+        c->overhead = charged;
+        atomic_store_explicit(&c->ctx, ctx, memory_order_release);
+    }
+    pthread_mutex_unlock(&context_lock);
+    return CUDA_SUCCESS;
+}
+
+void vcuda_context_destroyed(CUcontext ctx) {
+    pthread_mutex_lock(&context_lock);
+    struct context *c = find_locked(ctx, 0, false);
+    if (c) drop_locked(c);
+    pthread_mutex_unlock(&context_lock);
+}
+
+void vcuda_primary_released(CUdevice ordinal, bool reset) {
+    pthread_mutex_lock(&context_lock);
+    struct context *c = find_locked(NULL, ordinal, true);
+    if (c && (reset || --c->refs <= 0)) drop_locked(c);
+    pthread_mutex_unlock(&context_lock);
+}
+
+void vcuda_context_reset_after_fork(void) {
+    pthread_mutex_init(&context_lock, NULL);
+    for (int i = 0; i < MAX_CONTEXTS; i++) atomic_store(&contexts[i].ctx, NULL);
+    atomic_store(&context_high, 0);
+}

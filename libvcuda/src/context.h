@@ -1,0 +1,14 @@
+/* Live contexts of this process and the overhead charged for each. */
+#ifndef VCUDA_CONTEXT_H
+#define VCUDA_CONTEXT_H
+
+#include <stdbool.h>
+
+#include "hooks.h"
+
+bool vcuda_context_lookup(CUcontext ctx, CUdevice *ordinal);
+void vcuda_context_reset_after_fork(void);
+const char *vcuda_device_uuid(CUdevice ordinal);
+void vcuda_process_init(void);
+
+#endif

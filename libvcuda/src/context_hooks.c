@@ -1,0 +1,77 @@
+/* Context creation and destruction hooks: each new context is charged the
+ * per-context overhead (context.c), and destroying one returns its overhead
+ * and the allocations the driver freed with it. */
+#include "config.h"
+#include "context.h"
+#include "hooks.h"
+#include "process.h"
+#include "real_driver.h"
+
+CUresult vc_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    if (rc != CUDA_SUCCESS) return rc;
+    if (vcuda_config.disabled) return vcuda_real.cuDevicePrimaryCtxRetain(pctx, dev);
+    uint64_t charged, before;
+    rc = vcuda_context_before_create(dev, true, &charged, &before);
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = vcuda_real.cuDevicePrimaryCtxRetain(pctx, dev);
+    return vcuda_context_after_create(rc, rc == CUDA_SUCCESS ? *pctx : NULL, dev, true, charged, before);
+}
+
+CUresult vc_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease_v2");
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = vcuda_real.cuDevicePrimaryCtxRelease_v2(dev);
+    if (rc == CUDA_SUCCESS && !vcuda_config.disabled) vcuda_primary_released(dev, false);
+    return rc;
+}
+
+CUresult vc_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset_v2");
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = vcuda_real.cuDevicePrimaryCtxReset_v2(dev);
+    if (rc == CUDA_SUCCESS && !vcuda_config.disabled) vcuda_primary_released(dev, true);
+    return rc;
+}
+
+CUresult vc_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuCtxCreate_v2, "cuCtxCreate_v2");
+    if (rc != CUDA_SUCCESS) return rc;
+    if (vcuda_config.disabled) return vcuda_real.cuCtxCreate_v2(pctx, flags, dev);
+    uint64_t charged, before;
+    rc = vcuda_context_before_create(dev, false, &charged, &before);
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = vcuda_real.cuCtxCreate_v2(pctx, flags, dev);
+    return vcuda_context_after_create(rc, rc == CUDA_SUCCESS ? *pctx : NULL, dev, false, charged, before);
+}
+
+CUresult vc_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int numParams,
+                           unsigned int flags, CUdevice dev) {
+    CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuCtxCreate_v3, "cuCtxCreate_v3");
+    if (rc != CUDA_SUCCESS) return rc;
+    if (vcuda_config.disabled) return vcuda_real.cuCtxCreate_v3(pctx, params, numParams, flags, dev);
+    uint64_t charged, before;
+    rc = vcuda_context_before_create(dev, false, &charged, &before);
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = vcuda_real.cuCtxCreate_v3(pctx, params, numParams, flags, dev);
+    return vcuda_context_after_create(rc, rc == CUDA_SUCCESS ? *pctx : NULL, dev, false, charged, before);
+}
+
+CUresult vc_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev) {
+    CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuCtxCreate_v4, "cuCtxCreate_v4");
+    if (rc != CUDA_SUCCESS) return rc;
+    if (vcuda_config.disabled) return vcuda_real.cuCtxCreate_v4(pctx, params, flags, dev);
+    uint64_t charged, before;
+    rc = vcuda_context_before_create(dev, false, &charged, &before);
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = vcuda_real.cuCtxCreate_v4(pctx, params, flags, dev);
+    return vcuda_context_after_create(rc, rc == CUDA_SUCCESS ? *pctx : NULL, dev, false, charged, before);
+}
+
+CUresult vc_cuCtxDestroy_v2(CUcontext ctx) {
+    CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuCtxDestroy_v2, "cuCtxDestroy_v2");
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = vcuda_real.cuCtxDestroy_v2(ctx);
+    if (rc == CUDA_SUCCESS && !vcuda_config.disabled) vcuda_context_destroyed(ctx);
+    return rc;
+}

@@ -1,0 +1,128 @@
+/* The one table of hooked driver functions.
+ *
+ * Every function libvcuda intercepts is declared exactly once below; the
+ * exported wrappers, the real-function pointers, the dlsym/cuGetProcAddress
+ * lookup and the prototypes of the vc_* implementations are all generated from
+ * it. Adding a hook = one line here + one vc_<name> implementation.
+ *
+ * X(name, params, args)
+ */
+#ifndef VCUDA_HOOKS_H
+#define VCUDA_HOOKS_H
+
+#include "vcuda/cuda_abi.h"
+#include "vcuda/nvml_abi.h"
+
+#define VCUDA_CUDA_HOOKS(X)                                                                        \
+    X(cuInit, (unsigned int flags), (flags))                                                       \
+    X(cuGetProcAddress, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags),       \
+      (symbol, pfn, cudaVersion, flags))                                                           \
+    X(cuGetProcAddress_v2,                                                                         \
+      (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,                          \
+       CUdriverProcAddressQueryResult *symbolStatus),                                              \
+      (symbol, pfn, cudaVersion, flags, symbolStatus))                                             \
+    X(cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev), (bytes, dev))                            \
+    X(cuMemGetInfo_v2, (size_t *free_bytes, size_t *total_bytes), (free_bytes, total_bytes))       \
+    X(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev), (pctx, dev))                      \
+    X(cuDevicePrimaryCtxRelease_v2, (CUdevice dev), (dev))                                         \
+    X(cuDevicePrimaryCtxReset_v2, (CUdevice dev), (dev))                                           \
+    X(cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev))     \
+    X(cuCtxCreate_v3,                                                                              \
+      (CUcontext *pctx, CUexecAffinityParam *params, int numParams, unsigned int flags,            \
+       CUdevice dev),                                                                              \
+      (pctx, params, numParams, flags, dev))                                                       \
+    X(cuCtxCreate_v4,                                                                              \
+      (CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev),              \
+      (pctx, params, flags, dev))                                                                  \
+    X(cuCtxDestroy_v2, (CUcontext ctx), (ctx))                                                     \
+    X(cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytesize), (dptr, bytesize))                       \
+    X(cuMemAllocPitch_v2,                                                                          \
+      (CUdeviceptr *dptr, size_t *pitch, size_t widthBytes, size_t height,                         \
+       unsigned int elementSizeBytes),                                                             \
+      (dptr, pitch, widthBytes, height, elementSizeBytes))                                         \
+    X(cuMemFree_v2, (CUdeviceptr dptr), (dptr))                                                    \
+    X(cuMemAllocManaged, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags),                 \
+      (dptr, bytesize, flags))                                                                     \
+    X(cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytesize, CUstream stream),                      \
+      (dptr, bytesize, stream))                                                                    \
+    X(cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream stream),                 \
+      (dptr, bytesize, stream))                                                                    \
+    X(cuMemAllocFromPoolAsync,                                                                     \
+      (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream),                    \
+      (dptr, bytesize, pool, stream))                                                              \
+    X(cuMemAllocFromPoolAsync_ptsz,                                                                \
+      (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream),                    \
+      (dptr, bytesize, pool, stream))                                                              \
+    X(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), (dptr, stream))                         \
+    X(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), (dptr, stream))                    \
+    X(cuMemCreate,                                                                                 \
+      (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,         \
+       unsigned long long flags),                                                                  \
+      (handle, size, prop, flags))                                                                 \
+    X(cuMemRelease, (CUmemGenericAllocationHandle handle), (handle))                               \
+    X(cuArrayCreate_v2, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc), (pHandle, desc))    \
+    X(cuArray3DCreate_v2, (CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc),                 \
+      (pHandle, desc))                                                                             \
+    X(cuArrayDestroy, (CUarray hArray), (hArray))                                                  \
+    X(cuMipmappedArrayCreate,                                                                      \
+      (CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels),       \
+      (pHandle, desc, levels))                                                                     \
+    X(cuMipmappedArrayDestroy, (CUmipmappedArray hMipmappedArray), (hMipmappedArray))
+
+#define VCUDA_NVML_HOOKS(X)                                                                        \
+    X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t *memory), (device, memory))      \
+    X(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t device, nvmlMemory_v2_t *memory),                  \
+      (device, memory))
+
+/* Driver functions the shim calls itself but does not intercept. */
+#define VCUDA_CUDA_USED(X)                                                                         \
+    X(cuCtxGetCurrent, (CUcontext *pctx))                                                          \
+    X(cuCtxGetDevice, (CUdevice *dev))                                                             \
+    X(cuStreamGetCtx, (CUstream stream, CUcontext *pctx))                                          \
+    X(cuDeviceGetUuid_v2, (CUuuid *uuid, CUdevice dev))                                            \
+    X(cuDeviceGetUuid, (CUuuid *uuid, CUdevice dev))
+
+#define VCUDA_NVML_USED(X)                                                                         \
+    X(nvmlInit_v2, (void))                                                                         \
+    X(nvmlDeviceGetUUID, (nvmlDevice_t device, char *uuid, unsigned int length))                   \
+    X(nvmlDeviceGetIndex, (nvmlDevice_t device, unsigned int *index))                              \
+    X(nvmlDeviceGetHandleByUUID, (const char *uuid, nvmlDevice_t *device))
+
+/* Pointers to the real functions, filled once by real_driver.c. */
+struct vcuda_real_cuda {
+#define VCUDA_FIELD(name, params, ...) CUresult (*name) params;
+    VCUDA_CUDA_HOOKS(VCUDA_FIELD)
+    VCUDA_CUDA_USED(VCUDA_FIELD)
+#undef VCUDA_FIELD
+};
+struct vcuda_real_nvml {
+#define VCUDA_FIELD(name, params, ...) nvmlReturn_t (*name) params;
+    VCUDA_NVML_HOOKS(VCUDA_FIELD)
+    VCUDA_NVML_USED(VCUDA_FIELD)
+#undef VCUDA_FIELD
+};
+extern struct vcuda_real_cuda vcuda_real;
+extern struct vcuda_real_nvml vcuda_real_nvml;
+
+/* The implementations behind the exported names (memory.c, interpose.c, nvml_view.c). */
+#define VCUDA_PROTO(name, params, args) CUresult vc_##name params;
+VCUDA_CUDA_HOOKS(VCUDA_PROTO)
+#undef VCUDA_PROTO
+#define VCUDA_PROTO(name, params, args) nvmlReturn_t vc_##name params;
+VCUDA_NVML_HOOKS(VCUDA_PROTO)
+#undef VCUDA_PROTO
+
+/* One hooked name: what dlsym and cuGetProcAddress hand out instead of the real one. */
+struct vcuda_hook {
+    const char *name;
+    void *wrapper;   /* vc_<name> */
+    void **real;     /* slot in vcuda_real / vcuda_real_nvml */
+    unsigned base_len; /* length of the name without _vN/_ptsz/_ptds suffixes */
+};
+
+/* Wrapper for `name` if `real_fn` is the real driver's `name` (or our own export). */
+void *vcuda_hook_for_symbol(const char *name, void *real_fn);
+/* Wrapper for the ABI variant of base name `symbol` whose real address is `real_fn`. */
+void *vcuda_hook_for_proc(const char *symbol, void *real_fn);
+
+#endif

@@ -1,0 +1,40 @@
+/* This process's view of quota state: its ledger slot, the mapping from CUDA
+ * device ordinals to ledger devices, and its live contexts (each charged the
+ * per-context overhead). Everything here is on the slow path of a hook. */
+#ifndef VCUDA_PROCESS_H
+#define VCUDA_PROCESS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "hooks.h"
+#include "ledger.h"
+
+struct vcuda_process {
+    struct vcuda_ledger ledger;
+    int slot; /* ledger process slot, -1 until attached */
+};
+extern struct vcuda_process vcuda_proc;
+
+/* CUDA_SUCCESS once the driver is loaded, the config valid and the ledger
+ * attached; otherwise the CUresult each hook returns (the reason is logged once). */
+CUresult vcuda_process_ready(void);
+
+/* Ledger device index of CUDA device ordinal `ordinal` and this process's limit
+ * for it. Returns -1 (with *rc set) when the device cannot be named. */
+int vcuda_device_index(CUdevice ordinal, uint64_t *limit, CUresult *rc);
+
+/* The current context and its device ordinal. */
+CUresult vcuda_current_device(CUcontext *ctx, CUdevice *ordinal);
+/* The device ordinal of a stream (its context's device), or the current one. */
+CUresult vcuda_stream_device(CUstream stream, CUcontext *ctx, CUdevice *ordinal);
+
+/* Context bookkeeping around the real calls; see context.c. */
+CUresult vcuda_context_before_create(CUdevice ordinal, bool primary, uint64_t *charged,
+                                     uint64_t *nvml_free_before);
+CUresult vcuda_context_after_create(CUresult rc, CUcontext ctx, CUdevice ordinal, bool primary,
+                                uint64_t charged, uint64_t nvml_free_before);
+void vcuda_context_destroyed(CUcontext ctx);
+void vcuda_primary_released(CUdevice ordinal, bool reset);
+
+#endif

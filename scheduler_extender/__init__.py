@@ -1,0 +1,18 @@
+"""vcuda kube-scheduler extender: places fractional GPU requests on a concrete GPU.
+
+Modules, one job each:
+
+- ``names``      resource and annotation names (domain and prefix configurable)
+- ``assignment`` the decision annotation the device plugin cross-checks (no kubernetes import)
+- ``topology``   the node annotation the device plugin publishes (GPUs and NVLink)
+- ``podspec``    pod JSON -> what the pod asks for
+- ``placement``  the pure placement core (which GPU, score, human reasons)
+- ``state``      cluster usage: pods, in-flight reservations, the decide+reserve lock
+- ``extender``   kube-scheduler's filter / prioritize / bind semantics
+- ``server``     the HTTP layer
+- ``kube``       API-server list+watch and patch+bind with the official client
+- ``cli``        flags and wiring
+"""
+
+__all__ = ["__version__"]
+__version__ = "0.1.0"

@@ -1,0 +1,103 @@
+"""`vcuda extender` flags and wiring. Precedence: flag > environment > default."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+from .names import DEFAULT_ANNOTATION_PREFIX, DEFAULT_RESOURCE_DOMAIN, Names
+from .placement import Policy
+
+log = logging.getLogger("scheduler_extender")
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name) or default
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", default=_env("VCUDA_EXTENDER_LISTEN", ":8888"),
+                        metavar="ADDR",
+                        help="HTTP address, e.g. :8888 or 127.0.0.1:8888 "
+                             "(env VCUDA_EXTENDER_LISTEN; default %(default)s)")
+    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG") or None,
+                        help="kubeconfig file (env KUBECONFIG); default: in-cluster "
+                             "service account, else ~/.kube/config")
+    parser.add_argument("--context", default=None, help="kubeconfig context")
+    parser.add_argument("--resource-domain",
+                        default=_env("VCUDA_RESOURCE_DOMAIN", DEFAULT_RESOURCE_DOMAIN),
+                        help="domain of the vcuda-core / vcuda-memory resources "
+                             "(env VCUDA_RESOURCE_DOMAIN; default %(default)s)")
+    parser.add_argument("--annotation-prefix",
+                        default=_env("VCUDA_ANNOTATION_PREFIX", DEFAULT_ANNOTATION_PREFIX),
+                        help="prefix of vcuda annotations (env VCUDA_ANNOTATION_PREFIX; "
+                             "default %(default)s)")
+    parser.add_argument("--default-policy", choices=[p.value for p in Policy],
+                        default=_env("VCUDA_DEFAULT_POLICY", Policy.BINPACK.value),
+                        help="policy for pods without a scheduling-policy annotation "
+                             "(env VCUDA_DEFAULT_POLICY; default %(default)s)")
+    parser.add_argument("--reservation-ttl", type=float, default=300.0, metavar="SECONDS",
+                        help="forget a bind decision the API server never confirms after "
+                             "this long (default %(default)s)")
+    parser.add_argument("--watch-timeout", type=int, default=240, metavar="SECONDS",
+                        help="restart each watch after this long (default %(default)s)")
+    parser.add_argument("--log-level", default=_env("VCUDA_LOG_LEVEL", "info"),
+                        choices=["error", "warn", "info", "debug"])
+
+
+def run(args: argparse.Namespace) -> int:
+    from .extender import Extender
+    from .kube import KubeBinder, Syncer, make_api_client
+    from .server import ExtenderServer, parse_listen, tune_gc
+    from .state import ClusterState
+
+    level = {"warn": logging.WARNING}.get(args.log_level, args.log_level.upper())
+    logging.basicConfig(level=level, format="vcuda-extender %(levelname)s %(name)s: %(message)s")
+    try:
+        names = Names(args.resource_domain, args.annotation_prefix)
+        address = parse_listen(args.listen)
+        if args.reservation_ttl <= 0 or args.watch_timeout <= 0:
+            raise ValueError("--reservation-ttl and --watch-timeout must be > 0")
+    except ValueError as e:
+        print(f"vcuda extender: {e}", file=sys.stderr)
+        return 2
+    try:
+        from kubernetes import client
+        api = client.CoreV1Api(make_api_client(args.kubeconfig, args.context))
+    except Exception as e:  # no cluster credentials at all
+        print(f"vcuda extender: cannot reach Kubernetes: {e}", file=sys.stderr)
+        return 1
+
+    state = ClusterState(names, reservation_ttl=args.reservation_ttl)
+    syncer = Syncer(api, state, watch_timeout=args.watch_timeout)
+    extender = Extender(state, KubeBinder(api), default_policy=Policy(args.default_policy))
+    server = ExtenderServer(address, extender, ready=syncer.ready)
+    syncer.start()
+    # Once the first lists are in, take the node map out of the collector's scans.
+    threading.Thread(target=lambda: syncer.wait_ready(600) and tune_gc(), daemon=True).start()
+
+    def stop(signum: int, _frame: object) -> None:
+        log.info("signal %d: shutting down", signum)
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("serving on %s:%d (resources %s, %s; default policy %s)", *server.server_address[:2],
+             names.core_resource, names.memory_resource, args.default_policy)
+    try:
+        server.serve_forever()
+    finally:
+        syncer.stop()
+        server.server_close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vcuda extender",
+                                     description="kube-scheduler extender for vcuda GPU shares")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

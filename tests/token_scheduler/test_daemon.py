@@ -1,0 +1,206 @@
+"""The daemon over real ZeroMQ sockets, with Python clients standing in for libvcuda."""
+
+from __future__ import annotations
+
+import stat
+import time
+
+import pytest
+import zmq
+
+from token_scheduler import wire
+from token_scheduler.errors import ErrorCode
+from token_scheduler.testing import AdminClient, TenantClient
+from token_scheduler.wire import MsgType
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def add(admin: AdminClient, name: str, request: int, limit: int | None = None) -> str:
+    reply = admin.call("add", tenant=name, request=request,
+                       **({} if limit is None else {"limit": limit}))
+    assert reply["ok"], reply
+    return str(reply["endpoint"])
+
+
+def test_admin_socket_is_private(admin: AdminClient, daemon: object) -> None:
+    directory = daemon.directory  # type: ignore[attr-defined]
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert stat.S_IMODE((directory / "admin.sock").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize(
+    ("desc", "fields", "fragment"),
+    [
+        ("unknown op", {"op": "explode"}, "unknown op"),
+        ("missing tenant", {"op": "add", "request": 10}, "missing field 'tenant'"),
+        ("bad name", {"op": "add", "tenant": "../x", "request": 10}, "bad tenant name"),
+        ("request 0", {"op": "add", "tenant": "t", "request": 0}, "request"),
+        ("limit < request", {"op": "add", "tenant": "t", "request": 20, "limit": 10}, "below"),
+        ("string request", {"op": "add", "tenant": "t", "request": "10"}, "must be int"),
+        ("overcommit", {"op": "add", "tenant": "t", "request": 95}, "sum to"),
+        ("update unknown", {"op": "update", "tenant": "zz", "request": 5}, "no tenant"),
+        ("remove unknown", {"op": "remove", "tenant": "zz"}, "no tenant"),
+    ],
+)
+def test_admin_rejects_bad_requests(admin: AdminClient, desc: str, fields: dict,
+                                    fragment: str) -> None:
+    add(admin, "base", 10)
+    op = fields.pop("op")
+    reply = admin.call(op, **fields)
+    assert not reply["ok"] and fragment in str(reply["error"]), desc
+
+
+def test_admin_survives_garbage(admin: AdminClient, zctx: zmq.Context) -> None:
+    raw = zctx.socket(zmq.REQ)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(admin.endpoint)
+    for payload in (b"\xff\xfe", b"[1,2]", b"{", b"null"):
+        raw.send(payload)
+        assert raw.poll(2000)
+        assert b'"ok": false' in raw.recv()
+    raw.send_multipart([b"{}", b"{}"])
+    assert raw.poll(2000) and b'"ok": false' in raw.recv()
+    raw.close(0)
+    assert admin.call("ping")["ok"]
+
+
+def test_grant_release_handoff_between_tenants(admin: AdminClient, zctx: zmq.Context) -> None:
+    a = TenantClient(add(admin, "a", 50), zctx)
+    b = TenantClient(add(admin, "b", 50), zctx)
+    grant = a.acquire()
+    lease, quantum_us, grace_us = grant.fields
+    assert quantum_us >= 1000 and grace_us == 5000
+    b.request()
+    assert b.recv(0) is None  # exclusive: b waits while a holds
+    a.release(lease, 100_000, more=False)
+    grant_b = b.wait_grant(2)
+    assert grant_b.fields[0] != lease
+    b.release(grant_b.fields[0], 1000)
+    stats = admin.call("stats")["tenants"]
+    assert stats["a"]["grants"] == 1 and stats["b"]["grants"] == 1  # type: ignore[index]
+
+
+def test_identity_comes_from_the_socket(admin: AdminClient, zctx: zmq.Context) -> None:
+    a = TenantClient(add(admin, "a", 50), zctx)
+    b = TenantClient(add(admin, "b", 50), zctx)
+    lease = a.acquire().fields[0]
+    b.release(lease, 0)  # b knows a's lease id, but speaks on its own socket
+    err = b.expect(MsgType.ERROR)
+    assert err.fields == (ErrorCode.STALE_LEASE, lease)
+    a.ping(1)
+    pong = a.expect(MsgType.PONG)
+    assert pong.fields[2] == wire.ClientState.HOLDING and pong.fields[3] == lease
+
+
+def test_processes_of_one_tenant_share_it(admin: AdminClient, zctx: zmq.Context) -> None:
+    endpoint = add(admin, "a", 50)
+    p1, p2 = TenantClient(endpoint, zctx), TenantClient(endpoint, zctx)
+    lease = p1.acquire().fields[0]
+    p2.release(lease, 0)  # another process of the same tenant cannot release it
+    assert p2.expect(MsgType.ERROR).fields[0] == ErrorCode.STALE_LEASE
+    p2.request()
+    p1.release(lease, 10, more=False)
+    assert p2.wait_grant(2).type == MsgType.GRANT
+
+
+@pytest.mark.parametrize(
+    ("desc", "frame", "code"),
+    [
+        ("short", b"abc", ErrorCode.MALFORMED),
+        ("wrong version", b"VCTS\x09" + wire.encode_ping(5, 0)[5:], ErrorCode.BAD_VERSION),
+        ("unknown type", wire.HEADER.pack(b"VCTS", 1, 42, 0, 5, 0), ErrorCode.UNKNOWN_TYPE),
+        ("server type", wire.encode_grant(5, 1, 1, 1), ErrorCode.UNKNOWN_TYPE),
+        ("stale release", wire.encode_release(5, 99, 0, False), ErrorCode.STALE_LEASE),
+        ("renew nothing", wire.encode_renew(5, 99, 0), ErrorCode.STALE_LEASE),
+    ],
+)
+def test_bad_frames_get_error_replies(admin: AdminClient, zctx: zmq.Context, desc: str,
+                                      frame: bytes, code: ErrorCode) -> None:
+    client = TenantClient(add(admin, "a", 50), zctx)
+    client.send_raw(frame)
+    err = client.expect(MsgType.ERROR)
+    assert err.fields[0] == code, desc
+
+
+def test_multipart_and_oversized_do_not_hurt(admin: AdminClient, zctx: zmq.Context) -> None:
+    bad = TenantClient(add(admin, "bad", 50), zctx)
+    good = TenantClient(add(admin, "good", 50), zctx)
+    bad.sock.send_multipart([wire.encode_ping(1, 0), b"extra"])
+    assert bad.expect(MsgType.ERROR).fields[0] == ErrorCode.MALFORMED
+    bad.send_raw(b"\0" * 100_000)  # over MAXMSGSIZE: libzmq drops that connection
+    lease = good.acquire().fields[0]
+    good.release(lease, 1)
+
+
+def test_request_while_holding_is_an_error(admin: AdminClient, zctx: zmq.Context) -> None:
+    client = TenantClient(add(admin, "a", 50), zctx)
+    lease = client.acquire().fields[0]
+    client.request()
+    err = client.expect(MsgType.ERROR)
+    assert err.fields == (ErrorCode.BAD_STATE, lease)
+
+
+def test_renew_when_alone_then_denied(admin: AdminClient, zctx: zmq.Context) -> None:
+    a = TenantClient(add(admin, "a", 50), zctx)
+    b = TenantClient(add(admin, "b", 50), zctx)
+    lease = a.acquire().fields[0]
+    a.renew(lease, 0)
+    assert a.expect(MsgType.GRANT).fields[0] == lease
+    b.request()
+    time.sleep(0.001)
+    a.renew(lease, 0)
+    assert a.expect(MsgType.ERROR).fields[0] == ErrorCode.RENEW_DENIED
+
+
+def test_silent_holder_lease_expires(admin: AdminClient, zctx: zmq.Context) -> None:
+    a = TenantClient(add(admin, "a", 50), zctx)
+    b = TenantClient(add(admin, "b", 50), zctx)
+    quantum_us, grace_us = a.acquire().fields[1:]
+    start = time.monotonic()
+    b.request()
+    b.wait_grant(2)
+    waited = time.monotonic() - start
+    assert waited <= (quantum_us + grace_us) / 1e6 + 0.05
+    assert admin.call("stats")["tenants"]["a"]["expiries"] == 1  # type: ignore[index]
+
+
+def test_dead_waiter_is_skipped(admin: AdminClient, zctx: zmq.Context) -> None:
+    a = TenantClient(add(admin, "a", 40), zctx)
+    dead = TenantClient(add(admin, "b", 40), zctx)
+    live = TenantClient(add(admin, "c", 20), zctx)
+    lease = a.acquire().fields[0]
+    dead.request()
+    live.request()
+    time.sleep(0.05)
+    dead.close()  # the process exits while waiting
+    time.sleep(0.05)
+    a.release(lease, 0)
+    assert live.wait_grant(0.5).type == MsgType.GRANT  # not a quantum lost on the dead one
+
+
+def test_live_update_and_remove(admin: AdminClient, zctx: zmq.Context) -> None:
+    endpoint = add(admin, "a", 10, 10)
+    reply = admin.call("update", tenant="a", request=30)
+    assert reply == {"ok": True, "tenant": "a", "request": 30, "limit": 30}
+    assert admin.call("list")["tenants"] == [
+        {"tenant": "a", "request": 30, "limit": 30, "endpoint": endpoint}]
+    client = TenantClient(endpoint, zctx)
+    client.acquire()
+    assert admin.call("remove", tenant="a")["ok"]
+    assert admin.call("list")["tenants"] == []
+    assert admin.call("add", tenant="a", request=5)["ok"]  # the name can come back
+
+
+def test_limit_enforced_end_to_end(admin: AdminClient, zctx: zmq.Context) -> None:
+    """A lone greedy tenant with limit 30 % gets about 30 % of a 1 s window."""
+    client = TenantClient(add(admin, "greedy", 10, 30), zctx)
+    end = time.monotonic() + 1.5
+    grant = client.acquire()
+    while time.monotonic() < end:
+        lease, quantum_us, _ = grant.fields
+        time.sleep(quantum_us / 1e6)
+        client.release(lease, quantum_us * 1000, more=True)
+        grant = client.wait_grant(2)
+    share = admin.call("stats")["tenants"]["greedy"]["share"]  # type: ignore[index]
+    assert 0.2 <= share <= 0.36

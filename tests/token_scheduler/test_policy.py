@@ -1,0 +1,317 @@
+"""Policy unit tests on a fake clock: each rule of DESIGN.md, one case at a time."""
+
+from __future__ import annotations
+
+import pytest
+
+from token_scheduler.errors import ErrorCode, PolicyError
+from token_scheduler.policy import MS, SECOND, Policy, PolicyConfig, UsageWindow
+from token_scheduler.simulate import FakeClock
+
+CFG = PolicyConfig(window_ns=1 * SECOND, quantum_min_ns=1 * MS, quantum_max_ns=20 * MS,
+                   grace_ns=5 * MS)
+
+
+def make(*tenants: tuple[str, int, int], config: PolicyConfig = CFG,
+         young: bool = False) -> tuple[Policy, FakeClock]:
+    """Policy with tenants whose window is already full length (unless young)."""
+    clock = FakeClock(1_000 * SECOND)
+    policy = Policy(config, clock, epoch=7)
+    for name, request, limit in tenants:
+        policy.add_tenant(name, request, limit)
+    if not young:
+        clock.advance(config.window_ns)
+    return policy, clock
+
+
+def hold(policy: Policy, clock: FakeClock, tenant: str, client: bytes, ns: int,
+         more: bool = False) -> None:
+    """Request, get the grant, hold for ns, release."""
+    policy.request(tenant, client, 0)
+    grant = policy.dispatch()
+    assert grant is not None and grant.tenant == tenant and grant.client == client
+    clock.advance(ns)
+    policy.release(tenant, client, grant.lease_id, ns, more)
+
+
+@pytest.mark.parametrize(
+    ("desc", "req", "limit"),
+    [("zero request", 0, 10), ("limit below request", 50, 40), ("over 100", 10, 101),
+     ("float", 10.5, 20), ("bool", True, 20)],
+)
+def test_quota_validation(desc: str, req: object, limit: object) -> None:
+    policy, _ = make()
+    with pytest.raises(ValueError):
+        policy.add_tenant("t", req, limit)  # type: ignore[arg-type]
+
+
+def test_token_is_exclusive() -> None:
+    policy, _ = make(("a", 50, 50), ("b", 50, 50))
+    policy.request("a", b"1", 0)
+    policy.request("b", b"1", 0)
+    first = policy.dispatch()
+    assert first is not None
+    assert policy.dispatch() is None  # held: nobody else
+    assert policy.lease is not None and policy.lease.lease_id == first.lease_id
+
+
+def test_lease_ids_carry_epoch() -> None:
+    policy, _ = make(("a", 10, 10))
+    policy.request("a", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None and grant.lease_id >> 32 == 7
+
+
+def test_largest_deficit_first() -> None:
+    policy, clock = make(("small", 10, 100), ("big", 60, 100))
+    hold(policy, clock, "big", b"1", 50 * MS)  # big: 50 of 600 ms due; small: 0 of 100
+    policy.request("big", b"1", 0)
+    policy.request("small", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None and grant.tenant == "big"  # deficit 550 > 100
+
+
+def test_least_usage_first_when_all_above_request() -> None:
+    policy, clock = make(("a", 5, 100), ("b", 5, 100))
+    clock.advance(SECOND)
+    hold(policy, clock, "a", b"1", 200 * MS)
+    hold(policy, clock, "b", b"1", 100 * MS)
+    policy.request("a", b"1", 0)
+    policy.request("b", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None and grant.tenant == "b"
+
+
+def test_limit_blocks_and_rechecks() -> None:
+    policy, clock = make(("a", 10, 10))
+    clock.advance(SECOND)
+    hold(policy, clock, "a", b"1", 150 * MS)  # 15 % of the window, limit 10 %
+    policy.request("a", b"1", 0)
+    assert policy.dispatch() is None
+    deadline = policy.next_deadline()
+    assert deadline is not None and deadline > clock.now
+    clock.set(deadline)
+    while policy.dispatch() is None:  # at most a few re-checks
+        clock.set(policy.next_deadline())  # type: ignore[arg-type]
+    assert clock.now - deadline < 100 * MS
+    assert policy.usage_ns("a") <= 100 * MS
+
+
+def test_work_conserving_past_request() -> None:
+    policy, clock = make(("a", 10, 100), ("idle", 80, 100))
+    clock.advance(SECOND)
+    hold(policy, clock, "a", b"1", 500 * MS)  # far past its request
+    policy.request("a", b"1", 0)
+    assert policy.dispatch() is not None  # nobody else wants it: still served
+
+
+def test_lease_expires_and_late_release_charges_overrun() -> None:
+    policy, clock = make(("a", 50, 100), ("b", 50, 100))
+    policy.request("a", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None
+    policy.request("b", b"1", 0)
+    clock.advance(grant.quantum_ns + CFG.grace_ns)
+    nxt = policy.dispatch()
+    assert nxt is not None and nxt.tenant == "b"
+    charged = policy.usage_ns("a")
+    assert charged == grant.quantum_ns + CFG.grace_ns
+    clock.advance(30 * MS)
+    policy.release("a", b"1", grant.lease_id, grant.quantum_ns + 25 * MS, more=False)
+    assert policy.usage_ns("a") == grant.quantum_ns + 25 * MS
+    stats = policy.stats()["tenants"]["a"]  # type: ignore[index]
+    assert stats["expiries"] == 1 and stats["overruns"] == 1
+
+
+def test_dead_holder_costs_one_quantum_plus_grace() -> None:
+    policy, clock = make(("a", 50, 100), ("b", 50, 100))
+    policy.request("a", b"dead", 0)
+    grant = policy.dispatch()
+    assert grant is not None
+    policy.request("b", b"1", 0)
+    assert policy.next_deadline() == grant.expires_at + CFG.grace_ns
+    clock.set(grant.expires_at + CFG.grace_ns)
+    assert policy.dispatch() is not None
+
+
+@pytest.mark.parametrize(
+    ("desc", "tenant", "client", "lease_delta"),
+    [("wrong lease id", "a", b"1", 1), ("other client", "a", b"2", 0),
+     ("other tenant", "b", b"1", 0)],
+)
+def test_release_checks_ownership(desc: str, tenant: str, client: bytes, lease_delta: int) -> None:
+    policy, _ = make(("a", 50, 50), ("b", 50, 50))
+    policy.request("a", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None
+    with pytest.raises(PolicyError) as info:
+        policy.release(tenant, client, grant.lease_id + lease_delta, 0, False)
+    assert info.value.code == ErrorCode.STALE_LEASE, desc
+    assert policy.lease is not None  # untouched
+
+
+def test_request_while_holding_is_bad_state() -> None:
+    policy, _ = make(("a", 50, 50))
+    policy.request("a", b"1", 0)
+    grant = policy.dispatch()
+    with pytest.raises(PolicyError) as info:
+        policy.request("a", b"1", 0)
+    assert info.value.code == ErrorCode.BAD_STATE and grant is not None
+    assert info.value.ref == grant.lease_id
+
+
+def test_repeated_request_keeps_place() -> None:
+    policy, _ = make(("a", 50, 50))
+    policy.request("a", b"1", 0)
+    policy.request("a", b"2", 0)
+    policy.request("a", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None and grant.client == b"1"
+
+
+def test_release_more_requeues() -> None:
+    policy, clock = make(("a", 50, 100))
+    hold(policy, clock, "a", b"1", 3 * MS, more=True)
+    assert policy.client_state("a", b"1") == (1, 0)
+    assert policy.dispatch() is not None
+
+
+def test_renew_only_when_uncontended() -> None:
+    policy, clock = make(("a", 50, 100), ("b", 50, 100))
+    policy.request("a", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None
+    clock.advance(grant.quantum_ns - MS)
+    renewed = policy.renew("a", b"1", grant.lease_id)
+    assert renewed.lease_id == grant.lease_id and renewed.expires_at > grant.expires_at
+    policy.request("b", b"1", 0)
+    with pytest.raises(PolicyError) as info:
+        policy.renew("a", b"1", grant.lease_id)
+    assert info.value.code == ErrorCode.RENEW_DENIED
+
+
+def test_renew_of_reclaimed_lease_says_expired() -> None:
+    policy, clock = make(("a", 50, 100))
+    policy.request("a", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None
+    clock.advance(grant.quantum_ns + CFG.grace_ns)
+    policy.dispatch()
+    with pytest.raises(PolicyError) as info:
+        policy.renew("a", b"1", grant.lease_id)
+    assert info.value.code == ErrorCode.LEASE_EXPIRED
+
+
+def test_quantum_grows_for_saturating_and_stays_in_bounds() -> None:
+    policy, clock = make(("a", 50, 100))
+    quanta = []
+    for _ in range(20):
+        policy.request("a", b"1", 0)
+        grant = policy.dispatch()
+        assert grant is not None
+        quanta.append(grant.quantum_ns)
+        clock.advance(grant.quantum_ns)
+        policy.release("a", b"1", grant.lease_id, grant.quantum_ns, more=True)
+        policy.client_gone("a", b"1")
+    assert quanta[-1] == CFG.quantum_max_ns and quanta[0] < quanta[-1]
+    assert all(CFG.quantum_min_ns <= q <= CFG.quantum_max_ns for q in quanta)
+
+
+def test_quantum_shrinks_for_short_bursts() -> None:
+    policy, clock = make(("a", 50, 100))
+    for _ in range(20):
+        hold(policy, clock, "a", b"1", 200_000)  # 0.2 ms bursts
+    policy.request("a", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None and grant.quantum_ns < CFG.quantum_min_ns * 1.01
+
+
+def test_predicted_burst_raises_quantum() -> None:
+    policy, _ = make(("a", 50, 100))
+    policy.request("a", b"1", 15 * MS)
+    grant = policy.dispatch()
+    assert grant is not None and grant.quantum_ns == 15 * MS
+
+
+def test_client_gone_frees_token() -> None:
+    policy, _ = make(("a", 50, 100), ("b", 50, 100))
+    policy.request("a", b"1", 0)
+    policy.request("b", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None
+    policy.client_gone(grant.tenant, grant.client)
+    nxt = policy.dispatch()
+    assert nxt is not None and nxt.tenant != grant.tenant
+
+
+def test_live_update_changes_next_decision() -> None:
+    policy, clock = make(("a", 10, 10))
+    clock.advance(SECOND)
+    hold(policy, clock, "a", b"1", 150 * MS)
+    policy.request("a", b"1", 0)
+    assert policy.dispatch() is None
+    policy.update_tenant("a", 20, 40)
+    assert policy.dispatch() is not None
+
+
+def test_remove_tenant_drops_lease_and_waiters() -> None:
+    policy, _ = make(("a", 50, 100), ("b", 50, 100))
+    policy.request("a", b"1", 0)
+    policy.request("b", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None
+    policy.remove_tenant(grant.tenant)
+    assert policy.lease is None
+    with pytest.raises(PolicyError) as info:
+        policy.request(grant.tenant, b"1", 0)
+    assert info.value.code == ErrorCode.TENANT_REMOVED
+
+
+def test_too_many_waiting_clients() -> None:
+    config = PolicyConfig(window_ns=SECOND, max_waiting_per_tenant=2)
+    policy, _ = make(("a", 50, 100), config=config)
+    policy.request("a", b"1", 0)
+    policy.request("a", b"2", 0)
+    with pytest.raises(PolicyError) as info:
+        policy.request("a", b"3", 0)
+    assert info.value.code == ErrorCode.TOO_MANY_CLIENTS
+
+
+def test_young_tenant_small_request_not_starved() -> None:
+    """Right after a (re)start a 10 % tenant is served before the 90 % one runs 8 s."""
+    policy, clock = make(("big", 90, 100), ("small", 10, 100), young=True)
+    hold(policy, clock, "big", b"1", 20 * MS)
+    policy.request("big", b"1", 0)
+    policy.request("small", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None and grant.tenant == "small"
+
+
+def test_stats_report_wait_percentiles() -> None:
+    policy, clock = make(("a", 50, 100))
+    for wait in (1, 2, 3, 4):
+        policy.request("a", b"1", 0)
+        clock.advance(wait * MS)
+        grant = policy.dispatch()
+        assert grant is not None
+        policy.release("a", b"1", grant.lease_id, 0, False)
+    stats = policy.stats()["tenants"]["a"]  # type: ignore[index]
+    assert stats["grants"] == 4
+    assert stats["wait_us"]["p50"] == 2000 and stats["wait_us"]["max"] == 4000
+
+
+@pytest.mark.parametrize(
+    ("desc", "intervals", "now", "window", "expected"),
+    [
+        ("inside", [(10, 20)], 30, 100, 10),
+        ("cut by trailing edge", [(0, 20)], 110, 100, 10),
+        ("dropped", [(0, 5)], 200, 100, 0),
+        ("late overrun inserted out of order", [(50, 60), (10, 40)], 120, 100, 30),
+    ],
+)
+def test_usage_window(desc: str, intervals: list[tuple[int, int]], now: int, window: int,
+                      expected: int) -> None:
+    usage = UsageWindow()
+    for start, end in intervals:
+        usage.add(start, end)
+    assert usage.usage(now, window) == expected, desc

@@ -1,0 +1,112 @@
+"""Property tests of the policy, driven by the fake-clock simulation.
+
+Window 2 s, quanta 1..10 ms: one quantum is 0.5 pp of the window, so the
+tolerances below are a couple of quanta, not loose percentages.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from token_scheduler.policy import MS, SECOND, PolicyConfig
+from token_scheduler.simulate import SimTenant, Simulation
+
+W = 2 * SECOND
+CFG = PolicyConfig(window_ns=W, quantum_min_ns=1 * MS, quantum_max_ns=10 * MS, grace_ns=5 * MS)
+QUANTUM_PP = 100 * (CFG.quantum_max_ns + CFG.grace_ns) / W
+PROPS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def partitions(draw: st.DrawFn, total: int = 100) -> list[int]:
+    """2..8 whole-percent requests, each >= 1, summing to `total`."""
+    n = draw(st.integers(2, 8))
+    cuts = sorted(draw(st.lists(st.integers(1, total - 1), min_size=n - 1, max_size=n - 1,
+                                unique=True)))
+    return [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
+
+
+@st.composite
+def quotas(draw: st.DrawFn) -> list[tuple[int, int]]:
+    """(request, limit) pairs with requests summing to at most 100."""
+    requests = draw(partitions())
+    spare = draw(st.integers(0, len(requests) - 1))
+    requests = [max(1, r - 1) if i < spare else r for i, r in enumerate(requests)]
+    return [(r, draw(st.integers(r, 100))) for r in requests]
+
+
+def share(sim_result: object, name: str, start: int, end: int) -> float:
+    return 100 * sim_result.share(name, start, end)  # type: ignore[attr-defined]
+
+
+@PROPS
+@given(partitions(), st.data())
+def test_saturated_shares_converge_to_requests(requests: list[int], data: st.DataObject) -> None:
+    limits = [data.draw(st.integers(r, 100)) for r in requests]
+    tenants = [SimTenant(f"t{i}", r, lim) for i, (r, lim) in enumerate(zip(requests, limits,
+                                                                           strict=True))]
+    result = Simulation(CFG, tenants).run(3 * W)
+    for i, r in enumerate(requests):
+        assert abs(share(result, f"t{i}", 2 * W, 3 * W) - r) <= 2 * QUANTUM_PP
+
+
+@PROPS
+@given(quotas(), st.lists(st.booleans(), min_size=8, max_size=8), st.integers(1, 30))
+def test_never_above_limit(pairs: list[tuple[int, int]], saturating: list[bool],
+                           burst_ms: int) -> None:
+    tenants = [
+        SimTenant(f"t{i}", r, lim, burst_ns=None if saturating[i] else burst_ms * MS,
+                  idle_ns=3 * MS, processes=1 + i % 2)
+        for i, (r, lim) in enumerate(pairs)
+    ]
+    result = Simulation(CFG, tenants).run(4 * W)
+    for i, (_, lim) in enumerate(pairs):
+        for end in range(W, 4 * W + 1, W // 4):
+            assert share(result, f"t{i}", end - W, end) <= lim + QUANTUM_PP
+
+
+@PROPS
+@given(quotas(), st.data())
+def test_work_conservation(pairs: list[tuple[int, int]], data: st.DataObject) -> None:
+    """Idle tenants' time goes to the busy ones, up to their limits; the GPU idles
+    only when every busy tenant is at its limit."""
+    busy = [data.draw(st.booleans()) for _ in pairs]
+    busy[0] = True
+    tenants = [SimTenant(f"t{i}", r, lim, burst_ns=None if busy[i] else 1 * MS,
+                         idle_ns=W * 10) for i, (r, lim) in enumerate(pairs)]
+    result = Simulation(CFG, tenants).run(3 * W)
+    total = sum(share(result, f"t{i}", 2 * W, 3 * W) for i in range(len(pairs)))
+    cap = min(100, sum(lim for (_, lim), b in zip(pairs, busy, strict=True) if b))
+    assert total >= cap - 2 * QUANTUM_PP
+
+
+@PROPS
+@given(quotas(), st.lists(st.integers(1, 40), min_size=8, max_size=8))
+def test_starvation_free(pairs: list[tuple[int, int]], bursts_ms: list[int]) -> None:
+    """Every process that asks is served within one window (+ one lease), whatever the
+    others do: a tenant at its limit waits at most until its window sheds."""
+    tenants = [
+        SimTenant(f"t{i}", r, lim, burst_ns=None if i % 3 == 0 else bursts_ms[i] * MS,
+                  idle_ns=bursts_ms[-1 - i] * MS, processes=1 + i % 3)
+        for i, (r, lim) in enumerate(pairs)
+    ]
+    result = Simulation(CFG, tenants).run(3 * W)
+    for i in range(len(pairs)):
+        assert result.hold[f"t{i}"], f"t{i} never ran"
+        assert result.max_wait_ns[f"t{i}"] <= W + CFG.quantum_max_ns + CFG.grace_ns
+
+
+@PROPS
+@given(partitions(), st.randoms(use_true_random=False))
+def test_live_update_takes_effect_within_one_window(requests: list[int], rnd: object) -> None:
+    tenants = [SimTenant(f"t{i}", r, r) for i, r in enumerate(requests)]
+    sim = Simulation(CFG, tenants)
+    sim.run(2 * W)
+    new = list(requests)
+    rnd.shuffle(new)  # type: ignore[attr-defined]
+    for i, r in enumerate(new):
+        sim.policy.update_tenant(f"t{i}", r, r)
+    result = sim.run(3 * W)
+    for i, r in enumerate(new):
+        assert abs(share(result, f"t{i}", 2 * W, 3 * W) - r) <= 2 * QUANTUM_PP

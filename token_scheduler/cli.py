@@ -1,0 +1,86 @@
+"""Command line of one GPU's scheduler: parse, configure, wire, serve.
+
+`vcuda scheduler` calls add_arguments()/run(); `python -m token_scheduler` too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from .daemon import Daemon
+from .duration import parse_duration
+from .policy import PolicyConfig
+from .state import StateError
+
+log = logging.getLogger("token_scheduler")
+
+
+def _duration(text: str) -> int:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpu", required=True, help="GPU index or UUID this scheduler owns")
+    parser.add_argument("--dir", required=True, type=Path,
+                        help="state directory: admin.sock, tenants.json, tenants/<name>/sched.sock")
+    parser.add_argument("--window", type=_duration, default="10s",
+                        help="sliding window for usage (default 10s)")
+    parser.add_argument("--quantum-min", type=_duration, default="1ms",
+                        help="shortest lease (default 1ms)")
+    parser.add_argument("--quantum-max", type=_duration, default="50ms",
+                        help="longest lease (default 50ms)")
+    parser.add_argument("--grace", type=_duration, default="10ms",
+                        help="time past expiry before a silent lease is reclaimed (default 10ms)")
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"], help="default info")
+
+
+def config_from_args(args: argparse.Namespace) -> PolicyConfig:
+    return PolicyConfig(window_ns=args.window, quantum_min_ns=args.quantum_min,
+                        quantum_max_ns=args.quantum_max, grace_ns=args.grace)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="token_scheduler: %(levelname)s %(message)s")
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        log.error("bad configuration: %s", exc)
+        return 2
+    daemon = Daemon(args.dir, str(args.gpu), config)
+    stopping = False
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        daemon.start()
+    except (StateError, OSError, ValueError) as exc:
+        log.error("cannot start: %s", exc)
+        daemon.close()
+        return 2
+    try:
+        daemon.serve(lambda: stopping)
+    finally:
+        daemon.close()
+    log.info("stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m token_scheduler",
+                                     description="per-GPU token scheduler (vcuda)")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

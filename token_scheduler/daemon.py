@@ -1,0 +1,322 @@
+"""The per-GPU scheduler daemon: sockets and event loop around the policy.
+
+One ROUTER socket per tenant (DIR/tenants/<name>/sched.sock): a message's
+tenant is the socket it arrived on, its process is the ZeroMQ routing id.
+One REP socket for the admin (DIR/admin.sock, DIR is 0700). A single thread
+polls them all with no sleeps: a RELEASE is answered by the next GRANT in the
+same loop turn, and the only timers (lease expiry, limit re-check) come from
+the policy's next deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+from . import admin, state, wire
+from .errors import ErrorCode, PolicyError
+from .policy import Policy, PolicyConfig, validate_quota
+from .wire import MsgType, WireError
+
+log = logging.getLogger("token_scheduler")
+
+TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+SOCKET_NAME = "sched.sock"
+ADMIN_SOCKET = "admin.sock"
+MAX_IPC_PATH = 107  # sun_path minus the terminating NUL
+BATCH = 64  # messages read from one socket per turn, so no tenant starves the others
+IDLE_POLL_MS = 500  # wake this often with nothing due, to notice a stop request
+TENANT_MAX_MSG = 4096  # larger frames make libzmq drop the sender's connection
+ADMIN_MAX_MSG = 65536
+
+
+class AdminRefused(ValueError):
+    """An admin request that is well-formed but not allowed (message for the caller)."""
+
+
+@dataclass
+class Endpoint:
+    name: str
+    path: Path
+    socket: zmq.Socket
+
+    @property
+    def url(self) -> str:
+        return f"ipc://{self.path}"
+
+
+class Daemon:
+    """Owns the sockets of one GPU's scheduler; call start(), serve(), close()."""
+
+    def __init__(
+        self,
+        directory: Path,
+        gpu: str,
+        config: PolicyConfig,
+        context: zmq.Context | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+        epoch: int | None = None,
+    ) -> None:
+        self.directory = Path(directory).absolute()
+        self.gpu = gpu
+        self.clock = clock
+        self.policy = Policy(config, clock, epoch or secrets.randbelow(2**32 - 1) + 1)
+        self._own_context = context is None
+        self.context = context or zmq.Context()
+        self._endpoints: dict[str, Endpoint] = {}
+        self._by_socket: dict[zmq.Socket, Endpoint] = {}
+        self._poller = zmq.Poller()
+        self._admin: zmq.Socket | None = None
+        self.idle_poll_ms = IDLE_POLL_MS
+
+    # --- lifecycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create DIR, restore saved tenants, bind every socket."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.directory, 0o700)  # admin socket and state are root's alone
+        (self.directory / "tenants").mkdir(exist_ok=True)
+        for spec in state.load(self.directory, self.gpu):
+            self.policy.add_tenant(spec.name, spec.request, spec.limit)
+            self._open_endpoint(spec.name)
+        admin_sock = self.context.socket(zmq.REP)
+        admin_sock.setsockopt(zmq.LINGER, 0)
+        admin_sock.setsockopt(zmq.MAXMSGSIZE, ADMIN_MAX_MSG)
+        self._bind(admin_sock, self.directory / ADMIN_SOCKET, 0o600)
+        self._admin = admin_sock
+        self._poller.register(admin_sock, zmq.POLLIN)
+        log.info("scheduler for GPU %s in %s: %d tenants restored, epoch %08x",
+                 self.gpu, self.directory, len(self._endpoints), self.policy.epoch)
+
+    def close(self) -> None:
+        for endpoint in list(self._endpoints.values()):
+            endpoint.socket.close(0)
+        self._endpoints.clear()
+        self._by_socket.clear()
+        if self._admin is not None:
+            self._admin.close(0)
+            self._admin = None
+        if self._own_context:
+            self.context.term()
+
+    def serve(self, should_stop: Callable[[], bool]) -> None:
+        """Run the event loop until should_stop() is true (checked every turn)."""
+        while not should_stop():
+            self.turn()
+
+    def turn(self) -> None:
+        """One poll and everything it delivered; public for tests and benches."""
+        for sock, _ in self._poller.poll(self._timeout_ms()):
+            if sock is self._admin:
+                self._serve_admin()
+                continue
+            endpoint = self._by_socket.get(sock)
+            if endpoint is not None:  # None: removed earlier in this turn
+                self._serve_tenant(endpoint)
+        self._dispatch()
+
+    def _timeout_ms(self) -> int:
+        deadline = self.policy.next_deadline()
+        if deadline is None:
+            return self.idle_poll_ms
+        wait_ns = deadline - self.clock()
+        return max(0, min(self.idle_poll_ms, -(-wait_ns // 1_000_000)))
+
+    # --- tenant sockets -----------------------------------------------------------
+
+    def _bind(self, sock: zmq.Socket, path: Path, mode: int) -> None:
+        if len(str(path)) > MAX_IPC_PATH:
+            raise AdminRefused(f"socket path too long for ipc ({len(str(path))} bytes): {path}")
+        path.unlink(missing_ok=True)  # left by a killed predecessor
+        sock.bind(f"ipc://{path}")
+        os.chmod(path, mode)
+
+    def _open_endpoint(self, name: str) -> Endpoint:
+        folder = self.directory / "tenants" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, 0o755)
+        sock = self.context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a dead process fails at once
+        sock.setsockopt(zmq.MAXMSGSIZE, TENANT_MAX_MSG)
+        try:
+            # Any process of the container may connect: the mount is the access control.
+            self._bind(sock, folder / SOCKET_NAME, 0o666)
+        except Exception:
+            sock.close(0)
+            raise
+        endpoint = Endpoint(name, folder / SOCKET_NAME, sock)
+        self._endpoints[name] = endpoint
+        self._by_socket[sock] = endpoint
+        self._poller.register(sock, zmq.POLLIN)
+        return endpoint
+
+    def _close_endpoint(self, name: str) -> None:
+        endpoint = self._endpoints.pop(name)
+        del self._by_socket[endpoint.socket]
+        self._poller.unregister(endpoint.socket)
+        endpoint.socket.close(0)
+        endpoint.path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not empty or mounted somewhere: leave it
+            endpoint.path.parent.rmdir()
+
+    def _serve_tenant(self, endpoint: Endpoint) -> None:
+        sock = endpoint.socket
+        for _ in range(BATCH):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._handle(endpoint, frames)
+            except Exception:  # a bug must cost one message, never the daemon
+                log.exception("internal error on tenant %s", endpoint.name)
+                error = wire.encode_error(0, ErrorCode.INTERNAL, "internal error")
+                self._send(endpoint, frames[0], error)
+
+    def _handle(self, endpoint: Endpoint, frames: list[bytes]) -> None:
+        client = frames[0]
+        name = endpoint.name
+        if len(frames) != 2:
+            self.policy.note_error(name)
+            self._send(endpoint, client, wire.encode_error(
+                0, ErrorCode.MALFORMED, "expected exactly one frame per message (DEALER)"))
+            return
+        try:
+            msg = wire.decode_client(frames[1])
+        except WireError as err:
+            self.policy.note_error(name)
+            self._send(endpoint, client, wire.encode_error(err.seq, err.code, err.message, err.ref))
+            return
+        try:
+            if msg.type == MsgType.RELEASE:
+                lease_id, held_ns = msg.fields
+                more = bool(msg.flags & wire.FLAG_MORE)
+                self.policy.release(name, client, lease_id, held_ns, more, msg.seq)
+                self._dispatch()
+            elif msg.type == MsgType.REQUEST:
+                _pid, _reserved, predicted_us = msg.fields
+                self.policy.request(name, client, predicted_us * 1000, msg.seq)
+                self._dispatch()
+            elif msg.type == MsgType.RENEW:
+                grant = self.policy.renew(name, client, msg.fields[0], msg.seq)
+                self._send_grant(endpoint, grant.client, grant.lease_id, grant.quantum_ns, msg.seq)
+            else:  # PING
+                client_state, lease_id = self.policy.client_state(name, client)
+                self._send(endpoint, client, wire.encode_pong(
+                    msg.seq, msg.fields[0], self.policy.epoch, wire.ClientState(client_state),
+                    lease_id))
+        except PolicyError as err:
+            self.policy.note_error(name)
+            self._send(endpoint, client, wire.encode_error(msg.seq, err.code, err.message, err.ref))
+
+    def _send(self, endpoint: Endpoint, client: bytes, payload: bytes) -> bool:
+        try:
+            endpoint.socket.send_multipart([client, payload], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:  # EHOSTUNREACH: process gone; EAGAIN: it stopped reading
+            return False
+
+    def _send_grant(
+        self, endpoint: Endpoint, client: bytes, lease_id: int, quantum_ns: int, seq: int
+    ) -> bool:
+        frame = wire.encode_grant(seq, lease_id, quantum_ns // 1000,
+                                  self.policy.config.grace_ns // 1000)
+        return self._send(endpoint, client, frame)
+
+    def _dispatch(self) -> None:
+        while (grant := self.policy.dispatch()) is not None:
+            endpoint = self._endpoints[grant.tenant]
+            if self._send_grant(endpoint, grant.client, grant.lease_id, grant.quantum_ns,
+                                grant.seq):
+                return
+            log.debug("tenant %s: client gone before its grant", grant.tenant)
+            self.policy.client_gone(grant.tenant, grant.client)
+
+    # --- admin ---------------------------------------------------------------------
+
+    def _serve_admin(self) -> None:
+        assert self._admin is not None
+        try:
+            frames = self._admin.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        reply = admin.handle(self, frames)
+        try:
+            self._admin.send(reply, zmq.NOBLOCK)
+        except zmq.ZMQError:
+            log.warning("admin client went away before its reply")
+
+    def _check_total(self, name: str, request: int) -> None:
+        others = sum(t.request for t in self.policy.tenants.values() if t.name != name)
+        if others + request > 100:
+            raise AdminRefused(
+                f"requests would sum to {others + request}% > 100%: a request is a guarantee")
+
+    def _save(self) -> None:
+        specs = [state.TenantSpec(t.name, t.request, t.limit)
+                 for t in self.policy.tenants.values()]
+        state.save(self.directory, self.gpu, specs)
+
+    def add_tenant(self, name: str, request: int, limit: int) -> dict[str, object]:
+        if not TENANT_NAME.match(name):
+            raise AdminRefused(f"bad tenant name {name!r} (letters, digits, _ . -; max 63)")
+        if name in self._endpoints:
+            raise AdminRefused(f"tenant {name!r} exists (use update)")
+        validate_quota(request, limit)
+        self._check_total(name, request)
+        endpoint = self._open_endpoint(name)
+        self.policy.add_tenant(name, request, limit)
+        try:
+            self._save()
+        except OSError:
+            self.policy.remove_tenant(name)
+            self._close_endpoint(name)
+            raise
+        log.info("tenant %s added: request %d%% limit %d%%", name, request, limit)
+        return {"tenant": name, "endpoint": endpoint.url, "socket": str(endpoint.path)}
+
+    def update_tenant(self, name: str, request: int | None, limit: int | None) -> dict[str, object]:
+        tenant = self.policy.tenants.get(name)
+        if tenant is None:
+            raise AdminRefused(f"no tenant {name!r}")
+        old = (tenant.request, tenant.limit)
+        request = tenant.request if request is None else request
+        limit = max(tenant.limit, request) if limit is None else limit
+        validate_quota(request, limit)
+        self._check_total(name, request)
+        self.policy.update_tenant(name, request, limit)
+        try:
+            self._save()
+        except OSError:
+            self.policy.update_tenant(name, *old)
+            raise
+        log.info("tenant %s updated: request %d%% limit %d%%", name, request, limit)
+        return {"tenant": name, "request": request, "limit": limit}
+
+    def remove_tenant(self, name: str) -> dict[str, object]:
+        if name not in self._endpoints:
+            raise AdminRefused(f"no tenant {name!r}")
+        self.policy.remove_tenant(name)
+        self._close_endpoint(name)
+        self._save()
+        self._dispatch()  # its lease may have been the one in force
+        log.info("tenant %s removed", name)
+        return {"tenant": name}
+
+    def list_tenants(self) -> list[dict[str, object]]:
+        return [{"tenant": t.name, "request": t.request, "limit": t.limit,
+                 "endpoint": self._endpoints[t.name].url}
+                for t in self.policy.tenants.values()]
+
+    def stats(self) -> dict[str, object]:
+        return {"gpu": self.gpu, **self.policy.stats()}

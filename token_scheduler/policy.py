@@ -1,0 +1,512 @@
+"""Pure token-scheduling policy: who gets the GPU next, and for how long.
+
+No sockets, threads or wall clock: time comes from an injected clock in
+nanoseconds, so every decision is reproducible in tests. The daemon feeds
+client messages in and sends out the grants `dispatch()` returns.
+
+Rules (DESIGN.md, token_scheduler):
+- one exclusive token per GPU, lent as a lease of one quantum;
+- usage = token-hold time inside a sliding window, overrun included;
+- tenants below their request first (largest deficit), none at its limit,
+  otherwise least usage first, so the GPU never idles while someone may run;
+- quantum follows each tenant's measured bursts, within bounds;
+- a lease not released by expiry + grace is reclaimed without the holder.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .errors import ErrorCode, PolicyError
+
+MS = 1_000_000
+SECOND = 1_000_000_000
+EWMA_ALPHA = 0.5  # weight of the newest burst sample; 0.5 reaches the max quantum in ~10 grants
+
+RECHECK_MIN_NS = 1_000  # never spin on a blocked tenant faster than this
+ClientId = bytes
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    window_ns: int = 10 * SECOND
+    quantum_min_ns: int = 1 * MS
+    quantum_max_ns: int = 50 * MS
+    grace_ns: int = 10 * MS
+    max_waiting_per_tenant: int = 1024
+    wait_samples: int = 4096  # recent waits kept per tenant for percentiles
+    expired_memory: int = 64  # recently expired leases kept per tenant for late releases
+
+    def __post_init__(self) -> None:
+        if self.window_ns <= 0:
+            raise ValueError("window must be positive")
+        if not 0 < self.quantum_min_ns <= self.quantum_max_ns:
+            raise ValueError("need 0 < quantum_min <= quantum_max")
+        if self.quantum_max_ns > self.window_ns:
+            raise ValueError("quantum_max must not exceed the window")
+        if self.grace_ns < 0:
+            raise ValueError("grace must be >= 0")
+
+
+def validate_quota(request: int, limit: int) -> None:
+    """Requests and limits are whole percent, 1..100, limit >= request."""
+    for name, value in (("request", request), ("limit", limit)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100:
+            raise ValueError(f"{name} must be an integer percent 1..100, got {value!r}")
+    if limit < request:
+        raise ValueError(f"limit {limit} is below request {request}")
+
+
+class UsageWindow:
+    """Hold intervals of one tenant; usage(now) = their overlap with [now - window, now].
+
+    Intervals are kept sorted by end; a late overrun report may end before the
+    newest entry, so it is inserted in place (rare, short scan from the right).
+    """
+
+    def __init__(self) -> None:
+        self._intervals: deque[tuple[int, int]] = deque()
+        self._total = 0
+        self._longest = 0
+
+    def add(self, start: int, end: int) -> None:
+        if end <= start:
+            return
+        iv = self._intervals
+        if not iv or iv[-1][1] <= end:
+            iv.append((start, end))
+        else:
+            index = len(iv)
+            while index > 0 and iv[index - 1][1] > end:
+                index -= 1
+            iv.insert(index, (start, end))
+        self._total += end - start
+        self._longest = max(self._longest, end - start)
+
+    def usage(self, now: int, window: int) -> int:
+        low = now - window
+        iv = self._intervals
+        while iv and iv[0][1] <= low:
+            start, end = iv.popleft()
+            self._total -= end - start
+        if not iv:
+            self._longest = 0
+            return 0
+        used = self._total
+        # Only intervals ending before low + longest can start before low.
+        horizon = low + self._longest
+        for start, end in iv:
+            if end >= horizon:
+                break
+            if start < low:
+                used -= low - start
+        return used
+
+    def time_to_shed(self, now: int, window: int, amount: int) -> int:
+        """How long until the trailing edge of the window drops `amount` ns of usage
+        (no new holds assumed). Overlapping intervals make the true time shorter."""
+        low = now - window
+        shed = 0
+        for start, end in self._intervals:
+            start = max(start, low)
+            if end <= start:
+                continue
+            if shed + end - start >= amount:
+                return start + (amount - shed) - low
+            shed += end - start
+        return window
+
+
+@dataclass
+class Waiter:
+    since: int
+    predicted_ns: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A lease handed to one client; the daemon turns it into a GRANT frame."""
+
+    tenant: str
+    client: ClientId
+    lease_id: int
+    quantum_ns: int
+    granted_at: int
+    seq: int  # seq of the message that asked for it, echoed in the frame
+    renewal: bool = False
+
+    @property
+    def expires_at(self) -> int:
+        return self.granted_at + self.quantum_ns
+
+
+@dataclass
+class Lease:
+    tenant: str
+    client: ClientId
+    lease_id: int
+    granted_at: int  # start of the hold (first grant; renewals keep it)
+    expires_at: int
+    quantum_ns: int
+
+
+@dataclass
+class ExpiredLease:
+    client: ClientId
+    granted_at: int
+    charged_ns: int
+    quantum_ns: int
+
+
+@dataclass
+class TenantStats:
+    grants: int = 0
+    renewals: int = 0
+    renew_denied: int = 0
+    expiries: int = 0
+    overruns: int = 0
+    overrun_ns: int = 0
+    errors: int = 0
+    waits_ns: deque[int] = field(default_factory=deque)
+
+
+@dataclass
+class Tenant:
+    name: str
+    request: int
+    limit: int
+    burst_ns: float
+    added_at: int
+    usage: UsageWindow = field(default_factory=UsageWindow)
+    waiting: OrderedDict[ClientId, Waiter] = field(default_factory=OrderedDict)
+    expired: OrderedDict[int, ExpiredLease] = field(default_factory=OrderedDict)
+    stats: TenantStats = field(default_factory=TenantStats)
+
+
+def percentile(sorted_values: list[int], fraction: float) -> int:
+    """Nearest-rank percentile of an already sorted list (0 when empty)."""
+    if not sorted_values:
+        return 0
+    rank = max(0, min(len(sorted_values) - 1, round(fraction * len(sorted_values) + 0.5) - 1))
+    return sorted_values[rank]
+
+
+class Policy:
+    """Decides grants. Every method reads time from `clock` (monotonic ns)."""
+
+    def __init__(self, config: PolicyConfig, clock: Callable[[], int], epoch: int = 1) -> None:
+        if not 0 < epoch < 2**32:
+            raise ValueError("epoch must fit in 32 bits and be nonzero")
+        self.config = config
+        self.clock = clock
+        self.epoch = epoch
+        self.tenants: dict[str, Tenant] = {}
+        self.lease: Lease | None = None
+        self._next_lease = 1
+        self._recheck_at: int | None = None  # when a tenant blocked at its limit may run
+
+    # --- tenants ------------------------------------------------------------
+
+    def add_tenant(self, name: str, request: int, limit: int) -> None:
+        validate_quota(request, limit)
+        if name in self.tenants:
+            raise ValueError(f"tenant {name!r} exists")
+        initial = max(self.config.quantum_min_ns, self.config.quantum_max_ns // 5)
+        self.tenants[name] = Tenant(name, request, limit, float(initial), self.clock())
+
+    def update_tenant(self, name: str, request: int, limit: int) -> None:
+        """Live quota change: used by the next decision, history is kept."""
+        validate_quota(request, limit)
+        tenant = self._tenant(name)
+        tenant.request, tenant.limit = request, limit
+        self._recheck_at = None
+
+    def remove_tenant(self, name: str) -> None:
+        self._tenant(name)
+        if self.lease is not None and self.lease.tenant == name:
+            self.lease = None
+        del self.tenants[name]
+
+    def _tenant(self, name: str) -> Tenant:
+        tenant = self.tenants.get(name)
+        if tenant is None:
+            raise PolicyError(ErrorCode.TENANT_REMOVED, f"no tenant {name!r}")
+        return tenant
+
+    # --- client messages ------------------------------------------------------
+
+    def request(self, tenant_name: str, client: ClientId, predicted_ns: int, seq: int = 0) -> None:
+        """Queue a client for the token; repeating it while waiting is harmless."""
+        tenant = self._tenant(tenant_name)
+        lease = self.lease
+        if lease is not None and lease.tenant == tenant_name and lease.client == client:
+            raise PolicyError(
+                ErrorCode.BAD_STATE, "REQUEST while holding a lease", ref=lease.lease_id
+            )
+        waiter = tenant.waiting.get(client)
+        if waiter is not None:
+            waiter.predicted_ns, waiter.seq = predicted_ns, seq
+            return
+        if len(tenant.waiting) >= self.config.max_waiting_per_tenant:
+            raise PolicyError(ErrorCode.TOO_MANY_CLIENTS, "too many waiting clients")
+        tenant.waiting[client] = Waiter(self.clock(), predicted_ns, seq)
+
+    def release(
+        self,
+        tenant_name: str,
+        client: ClientId,
+        lease_id: int,
+        held_ns: int,
+        more: bool,
+        seq: int = 0,
+    ) -> None:
+        """End a lease. `held_ns` is the holder's own hold time, overrun included."""
+        tenant = self._tenant(tenant_name)
+        now = self.clock()
+        lease = self.lease
+        if (
+            lease is not None
+            and lease.lease_id == lease_id
+            and lease.tenant == tenant_name
+            and lease.client == client
+        ):
+            observed = now - lease.granted_at
+            held = min(max(held_ns, 0), observed)
+            # Charge what the scheduler saw: an idle holder still blocked others.
+            tenant.usage.add(lease.granted_at, now)
+            self._note_overrun(tenant, held, lease.quantum_ns)
+            self._learn_burst(tenant, held, lease.quantum_ns, more)
+            self.lease = None
+        else:
+            late = tenant.expired.get(lease_id)
+            if late is None or late.client != client:
+                raise PolicyError(ErrorCode.STALE_LEASE, "unknown lease", ref=lease_id)
+            del tenant.expired[lease_id]
+            # The holder ran past the reclaim: charge the rest of its real hold.
+            held = min(max(held_ns, 0), now - late.granted_at)
+            if held > late.charged_ns:
+                tenant.usage.add(late.granted_at + late.charged_ns, late.granted_at + held)
+            self._note_overrun(tenant, held, late.quantum_ns)
+        if more:
+            self.request(tenant_name, client, 0, seq)
+
+    def renew(self, tenant_name: str, client: ClientId, lease_id: int, seq: int = 0) -> Grant:
+        """Extend the held lease by one quantum if nobody else may run and below limit."""
+        tenant = self._tenant(tenant_name)
+        now = self.clock()
+        lease = self.lease
+        if (
+            lease is None
+            or lease.lease_id != lease_id
+            or lease.tenant != tenant_name
+            or lease.client != client
+        ):
+            if lease_id in tenant.expired and tenant.expired[lease_id].client == client:
+                raise PolicyError(ErrorCode.LEASE_EXPIRED, "lease already reclaimed", lease_id)
+            raise PolicyError(ErrorCode.STALE_LEASE, "unknown lease", ref=lease_id)
+        at_limit = self._usage(tenant, now) > self._share_ns(tenant, tenant.limit, now)
+        if at_limit or self._someone_else_may_run(tenant_name, now):
+            tenant.stats.renew_denied += 1
+            raise PolicyError(ErrorCode.RENEW_DENIED, "others waiting or at limit", lease_id)
+        quantum = self._quantum(tenant, 0)
+        lease.expires_at = now + quantum
+        lease.quantum_ns = quantum
+        tenant.stats.renewals += 1
+        return Grant(tenant_name, client, lease_id, quantum, now, seq, renewal=True)
+
+    def client_gone(self, tenant_name: str, client: ClientId) -> None:
+        """The client cannot be reached (it exited): forget it, free its lease."""
+        tenant = self.tenants.get(tenant_name)
+        if tenant is None:
+            return
+        tenant.waiting.pop(client, None)
+        lease = self.lease
+        if lease is not None and lease.tenant == tenant_name and lease.client == client:
+            tenant.usage.add(lease.granted_at, self.clock())
+            self.lease = None
+
+    def client_state(self, tenant_name: str, client: ClientId) -> tuple[int, int]:
+        """(state, lease_id) for PONG: 0 idle, 1 waiting, 2 holding."""
+        lease = self.lease
+        if lease is not None and lease.tenant == tenant_name and lease.client == client:
+            return 2, lease.lease_id
+        tenant = self.tenants.get(tenant_name)
+        if tenant is not None and client in tenant.waiting:
+            return 1, 0
+        return 0, 0
+
+    def note_error(self, tenant_name: str) -> None:
+        tenant = self.tenants.get(tenant_name)
+        if tenant is not None:
+            tenant.stats.errors += 1
+
+    # --- decisions --------------------------------------------------------------
+
+    def next_deadline(self) -> int | None:
+        """When `dispatch` must run next even if no message arrives."""
+        deadlines = []
+        if self.lease is not None:
+            deadlines.append(self.lease.expires_at + self.config.grace_ns)
+        elif self._recheck_at is not None:
+            deadlines.append(self._recheck_at)
+        return min(deadlines) if deadlines else None
+
+    def dispatch(self) -> Grant | None:
+        """Reclaim an overdue lease, then lend the free token to the best waiter."""
+        now = self.clock()
+        lease = self.lease
+        if lease is not None:
+            if now < lease.expires_at + self.config.grace_ns:
+                return None
+            self._expire(lease, now)
+        self._recheck_at = None
+        best: tuple[tuple[int, int, int], Tenant, int] | None = None
+        recheck: int | None = None
+        for tenant in self.tenants.values():
+            if not tenant.waiting:
+                continue
+            used = self._usage(tenant, now)
+            limit_ns = self._share_ns(tenant, tenant.limit, now)
+            if used > limit_ns:  # strict: a 100 % limit never blocks
+                at = now + max(self._time_below_limit(tenant, now, used), RECHECK_MIN_NS)
+                recheck = at if recheck is None else min(recheck, at)
+                continue
+            oldest = next(iter(tenant.waiting.values())).since
+            deficit = self._share_ns(tenant, tenant.request, now) - used
+            key = (0, -deficit, oldest) if deficit > 0 else (1, used, oldest)
+            if best is None or key < best[0]:
+                best = (key, tenant, used)
+        if best is None:
+            self._recheck_at = recheck
+            return None
+        _, tenant, used = best
+        client, waiter = tenant.waiting.popitem(last=False)
+        quantum = self._quantum(tenant, waiter.predicted_ns)
+        lease_id = (self.epoch << 32) | self._next_lease
+        self._next_lease = self._next_lease % 0xFFFFFFFF + 1
+        self.lease = Lease(tenant.name, client, lease_id, now, now + quantum, quantum)
+        stats = tenant.stats
+        stats.grants += 1
+        stats.waits_ns.append(now - waiter.since)
+        if len(stats.waits_ns) > self.config.wait_samples:
+            stats.waits_ns.popleft()
+        return Grant(tenant.name, client, lease_id, quantum, now, waiter.seq)
+
+    # --- helpers ---------------------------------------------------------------
+
+    def _span(self, tenant: Tenant, now: int) -> int:
+        """The tenant's window: the full window, or its lifetime while younger.
+
+        Shares are measured over the time a tenant has existed, so right after a
+        start or restart a small request is not starved by a large one and a
+        limit holds from the first quantum (not only after a whole window).
+        """
+        return max(1, min(self.config.window_ns, now - tenant.added_at))
+
+    def _share_ns(self, tenant: Tenant, percent: int, now: int) -> int:
+        return percent * self._span(tenant, now) // 100
+
+    def _time_below_limit(self, tenant: Tenant, now: int, used: int) -> int:
+        """Lower-bound-ish wait until a blocked tenant drops below its limit."""
+        window = self.config.window_ns
+        if now - tenant.added_at < window:
+            # Young tenant: nothing sheds yet, the allowance grows with its age.
+            return tenant.added_at + used * 100 // tenant.limit + 1 - now
+        limit_ns = tenant.limit * window // 100
+        return tenant.usage.time_to_shed(now, window, used - limit_ns)
+
+    def _usage(self, tenant: Tenant, now: int) -> int:
+        used = tenant.usage.usage(now, self.config.window_ns)
+        lease = self.lease
+        if lease is not None and lease.tenant == tenant.name:
+            used += now - max(lease.granted_at, now - self.config.window_ns)
+        return used
+
+    def usage_ns(self, tenant_name: str) -> int:
+        return self._usage(self._tenant(tenant_name), self.clock())
+
+    def _someone_else_may_run(self, holder: str, now: int) -> bool:
+        for tenant in self.tenants.values():
+            if not tenant.waiting:
+                continue
+            if tenant.name == holder:
+                return True  # another process of the same tenant waits
+            if self._usage(tenant, now) < self._share_ns(tenant, tenant.limit, now):
+                return True
+        return False
+
+    def _quantum(self, tenant: Tenant, predicted_ns: int) -> int:
+        cfg = self.config
+        want = max(tenant.burst_ns, float(predicted_ns))
+        # No clamp to the headroom below the limit: at equilibrium that shrinks
+        # every lease to the minimum and multiplies handoffs; a limit may be
+        # overshot by at most one quantum (quantum_max / window, 0.5 pp by default).
+        return int(min(max(want, cfg.quantum_min_ns), cfg.quantum_max_ns))
+
+    def _learn_burst(self, tenant: Tenant, held: int, quantum: int, more: bool) -> None:
+        # A burst that filled its quantum and wants more was cut short: its true
+        # length is unknown but larger, so sample twice the hold to grow quickly.
+        sample = 2 * held if more and held >= quantum else held
+        tenant.burst_ns += EWMA_ALPHA * (max(sample, self.config.quantum_min_ns) - tenant.burst_ns)
+
+    def _note_overrun(self, tenant: Tenant, held: int, quantum: int) -> None:
+        if held > quantum:
+            tenant.stats.overruns += 1
+            tenant.stats.overrun_ns += held - quantum
+
+    def _expire(self, lease: Lease, now: int) -> None:
+        tenant = self.tenants[lease.tenant]
+        end = min(now, lease.expires_at + self.config.grace_ns)
+        tenant.usage.add(lease.granted_at, end)
+        tenant.stats.expiries += 1
+        self._learn_burst(tenant, lease.quantum_ns, lease.quantum_ns, True)
+        tenant.expired[lease.lease_id] = ExpiredLease(
+            lease.client, lease.granted_at, end - lease.granted_at, lease.quantum_ns
+        )
+        while len(tenant.expired) > self.config.expired_memory:
+            tenant.expired.popitem(last=False)
+        self.lease = None
+
+    # --- stats ---------------------------------------------------------------------
+
+    def stats(self) -> dict[str, object]:
+        now = self.clock()
+        window = self.config.window_ns
+        tenants: dict[str, object] = {}
+        for tenant in self.tenants.values():
+            used = self._usage(tenant, now)
+            span = self._span(tenant, now)
+            waits = sorted(tenant.stats.waits_ns)
+            s = tenant.stats
+            tenants[tenant.name] = {
+                "request": tenant.request,
+                "limit": tenant.limit,
+                "share": used / span,
+                "usage_ms": used / MS,
+                "grants": s.grants,
+                "renewals": s.renewals,
+                "renew_denied": s.renew_denied,
+                "waiting": len(tenant.waiting),
+                "wait_us": {
+                    "p50": percentile(waits, 0.50) / 1000,
+                    "p90": percentile(waits, 0.90) / 1000,
+                    "p99": percentile(waits, 0.99) / 1000,
+                    "max": (waits[-1] if waits else 0) / 1000,
+                    "samples": len(waits),
+                },
+                "overruns": s.overruns,
+                "overrun_ms": s.overrun_ns / MS,
+                "expiries": s.expiries,
+                "errors": s.errors,
+                "burst_ms": tenant.burst_ns / MS,
+            }
+        lease = self.lease
+        holder = None
+        if lease is not None:
+            holder = {"tenant": lease.tenant, "lease_id": lease.lease_id,
+                      "held_ms": (now - lease.granted_at) / MS}
+        return {"window_s": window / SECOND, "epoch": self.epoch, "holder": holder,
+                "tenants": tenants}

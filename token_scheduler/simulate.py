@@ -1,0 +1,171 @@
+"""Discrete-event simulation of tenants driving the policy on a fake clock.
+
+Used by the property tests and by bench/scheduler_bench.py's share table:
+each simulated process behaves like the libvcuda token client (request,
+hold for its burst or its quantum, release with held time, re-request).
+Handoffs cost `handoff_ns` of idle GPU time (0 = ideal).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from .errors import PolicyError
+from .policy import Grant, Policy, PolicyConfig
+
+
+class FakeClock:
+    """Monotonic nanoseconds that only move when told to."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.now = start
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ns: int) -> None:
+        if ns < 0:
+            raise ValueError("time runs forward")
+        self.now += ns
+
+    def set(self, t: int) -> None:
+        self.now = max(self.now, t)
+
+
+@dataclass
+class SimTenant:
+    """A tenant's load: `burst_ns` None means always busy (saturating)."""
+
+    name: str
+    request: int
+    limit: int
+    burst_ns: int | None = None
+    idle_ns: int = 0
+    processes: int = 1
+    active_from: int = 0
+    active_until: int | None = None
+    overrun_ns: int = 0  # extra GPU time after each cut-short quantum
+
+
+@dataclass
+class _Proc:
+    tenant: SimTenant
+    client: bytes
+    remaining: int = 0  # work left in the current burst
+
+
+@dataclass
+class SimResult:
+    duration_ns: int
+    hold: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    max_wait_ns: dict[str, int] = field(default_factory=dict)
+    grants: list[Grant] = field(default_factory=list)
+
+    def share(self, name: str, start: int, end: int) -> float:
+        """Fraction of [start, end) the tenant held the GPU."""
+        busy = sum(
+            max(0, min(e, end) - max(s, start)) for s, e in self.hold.get(name, [])
+        )
+        return busy / (end - start)
+
+
+class Simulation:
+    """Runs tenants against a Policy; `run(until)` may be called repeatedly."""
+
+    def __init__(
+        self,
+        config: PolicyConfig,
+        tenants: list[SimTenant],
+        handoff_ns: int = 0,
+        keep_grants: bool = False,
+    ) -> None:
+        self.clock = FakeClock()
+        self.policy = Policy(config, self.clock)
+        self.handoff_ns = handoff_ns
+        self.keep_grants = keep_grants
+        self.result = SimResult(0)
+        self._events: list[tuple[int, int, str, _Proc]] = []
+        self._seq = 0
+        self._waiting_since: dict[bytes, int] = {}
+        self._holders: dict[bytes, Grant] = {}
+        self._procs: dict[bytes, _Proc] = {}
+        for spec in tenants:
+            self.policy.add_tenant(spec.name, spec.request, spec.limit)
+            self.result.hold[spec.name] = []
+            self.result.max_wait_ns[spec.name] = 0
+            for index in range(spec.processes):
+                proc = _Proc(spec, f"{spec.name}/{index}".encode())
+                self._procs[proc.client] = proc
+                self._push(spec.active_from, "wake", proc)
+
+    def _push(self, at: int, kind: str, proc: _Proc) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (at, self._seq, kind, proc))
+
+    def _wake(self, proc: _Proc) -> None:
+        spec = proc.tenant
+        if spec.active_until is not None and self.clock.now >= spec.active_until:
+            return
+        if spec.name not in self.policy.tenants:
+            return
+        proc.remaining = spec.burst_ns if spec.burst_ns is not None else 1 << 62
+        self.policy.request(spec.name, proc.client, 0)
+        self._waiting_since[proc.client] = self.clock.now
+
+    def _finish(self, proc: _Proc, grant: Grant) -> None:
+        """The holder stops: burst done, or quantum used (then it wants more)."""
+        spec = proc.tenant
+        held = self.clock.now - grant.granted_at
+        proc.remaining -= held
+        more = proc.remaining > 0
+        if more and spec.active_until is not None and self.clock.now >= spec.active_until:
+            more = False
+        self.result.hold[spec.name].append((grant.granted_at, self.clock.now))
+        del self._holders[proc.client]
+        try:
+            self.policy.release(spec.name, proc.client, grant.lease_id, held, more)
+        except PolicyError:
+            return  # tenant removed meanwhile
+        if more:
+            self._waiting_since[proc.client] = self.clock.now
+        elif spec.burst_ns is not None:
+            self._push(self.clock.now + spec.idle_ns, "wake", proc)
+
+    def _start(self, grant: Grant) -> None:
+        proc = self._procs[grant.client]
+        since = self._waiting_since.pop(grant.client, grant.granted_at)
+        name = grant.tenant
+        self.result.max_wait_ns[name] = max(self.result.max_wait_ns[name], grant.granted_at - since)
+        if self.keep_grants:
+            self.result.grants.append(grant)
+        self._holders[proc.client] = grant
+        work = min(proc.remaining, grant.quantum_ns)
+        if proc.remaining > grant.quantum_ns:
+            work += proc.tenant.overrun_ns  # its last kernel runs past the quantum
+        self._push(self.clock.now + work, "done", proc)
+
+    def run(self, until: int) -> SimResult:
+        """Advance the simulation to `until` (ns of fake time)."""
+        while True:
+            grant = self.policy.dispatch()
+            if grant is not None:
+                self._start(grant)
+                continue
+            at = self._events[0][0] if self._events else None
+            deadline = self.policy.next_deadline()
+            if deadline is not None and (at is None or deadline < at):
+                at = deadline
+            if at is None or at > until:
+                self.clock.set(until)
+                self.result.duration_ns = until
+                return self.result
+            self.clock.set(at)
+            while self._events and self._events[0][0] <= self.clock.now:
+                _, _, kind, proc = heapq.heappop(self._events)
+                if kind == "wake":
+                    self._wake(proc)
+                elif proc.client in self._holders:
+                    self._finish(proc, self._holders[proc.client])
+                    if self.handoff_ns:
+                        self.clock.advance(self.handoff_ns)

@@ -1,0 +1,68 @@
+"""The tenant list on disk, so a restarted daemon enforces the same quotas.
+
+Written atomically (temp file, fsync, rename, fsync of the directory): a
+crash leaves either the old or the new list, never a torn one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE_FILE = "tenants.json"
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    name: str
+    request: int
+    limit: int
+
+
+class StateError(Exception):
+    """The state file exists but cannot be trusted; the daemon refuses to guess."""
+
+
+def save(directory: Path, gpu: str, tenants: list[TenantSpec]) -> None:
+    path = directory / STATE_FILE
+    tmp = directory / f".{STATE_FILE}.{os.getpid()}.tmp"
+    doc = {
+        "format": FORMAT,
+        "gpu": gpu,
+        "tenants": [{"name": t.name, "request": t.request, "limit": t.limit} for t in tenants],
+    }
+    data = json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def load(directory: Path, gpu: str) -> list[TenantSpec]:
+    """Tenants saved by a previous run for this GPU; [] when there is no file."""
+    path = directory / STATE_FILE
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    try:
+        doc = json.loads(raw)
+        if doc.get("format") != FORMAT:
+            raise StateError(f"{path}: unknown format {doc.get('format')!r}")
+        if doc.get("gpu") != gpu:
+            raise StateError(f"{path} belongs to GPU {doc.get('gpu')!r}, not {gpu!r}")
+        return [TenantSpec(str(t["name"]), int(t["request"]), int(t["limit"]))
+                for t in doc["tenants"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise StateError(f"{path}: unreadable tenant list: {exc}") from exc

@@ -6,14 +6,20 @@
 
 #include <pthread.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "alloc_map.h"
 #include "log.h"
+#include "prim.h"
 #include "process.h"
 #include "real_driver.h"
 
 #define MAX_CONTEXTS 256
 #define OVERHEAD_SANITY_MAX (16ull << 30)
+#define OVERHEAD_WAIT_MS 5000
+/* Stored when NVML cannot tell, so later processes do not try again. */
+#define OVERHEAD_UNMEASURABLE UINT64_MAX
 
 struct context {
     _Atomic(CUcontext) ctx; /* NULL: free entry */
@@ -88,6 +94,26 @@ static uint64_t nvml_free(CUdevice ordinal) {
     return mem.free;
 }
 
+/* Only one process per ledger measures the overhead (concurrent context
+ * creations would blur the free-memory drop); the others wait for its figure.
+ * Returns the known overhead, or 0 when this process is to measure it. */
+static uint64_t known_overhead(struct vcuda_ledger_device *d) {
+    pid_t self = getpid();
+    for (int waited_ms = 0;; waited_ms++) {
+        uint64_t overhead = atomic_load(&d->context_overhead);
+        if (overhead) return overhead;
+        uint64_t measurer = atomic_load(&d->overhead_measurer);
+        if (measurer == (uint64_t)self) return 0;
+        if (measurer == 0 || !vcuda_prim_alive((pid_t)measurer, 0) || waited_ms >= OVERHEAD_WAIT_MS) {
+            /* Nobody measures, the measurer died, or it takes too long: we do. */
+            if (atomic_compare_exchange_strong(&d->overhead_measurer, &measurer, (uint64_t)self)) return 0;
+            continue;
+        }
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+}
+
 CUresult vcuda_context_before_create(CUdevice ordinal, bool primary, uint64_t *charged,
                                      uint64_t *nvml_free_before) {
     *charged = 0;
@@ -103,11 +129,12 @@ CUresult vcuda_context_before_create(CUdevice ordinal, bool primary, uint64_t *c
     uint64_t limit;
     int dev = vcuda_device_index(ordinal, &limit, &rc);
     if (dev < 0) return CUDA_SUCCESS; /* an invalid ordinal: the driver will say so */
-    uint64_t overhead = atomic_load(&vcuda_proc.ledger.file->devices[dev].context_overhead);
+    uint64_t overhead = known_overhead(&vcuda_proc.ledger.file->devices[dev]);
     if (overhead == 0) {
         *nvml_free_before = nvml_free(ordinal);
         return CUDA_SUCCESS;
     }
+    if (overhead == OVERHEAD_UNMEASURABLE) return CUDA_SUCCESS;
     if (!vcuda_ledger_reserve(&vcuda_proc.ledger, vcuda_proc.slot, dev, overhead, limit)) {
         vcuda_info("context on device %d refused: its %llu bytes of overhead exceed the quota",
                    ordinal, (unsigned long long)overhead);
@@ -117,27 +144,36 @@ CUresult vcuda_context_before_create(CUdevice ordinal, bool primary, uint64_t *c
     return CUDA_SUCCESS;
 }
 
-/* First context on a device of this ledger: measure and charge the overhead.
- * Returns false when the quota cannot hold it. */
+/* First context on a device of this ledger: measure, publish and charge the
+ * overhead. Returns false when the quota cannot hold it. */
 static bool charge_measured(CUdevice ordinal, int dev, uint64_t limit, uint64_t before,
                             uint64_t *charged) {
-    uint64_t after = nvml_free(ordinal);
-    _Atomic uint64_t *known = &vcuda_proc.ledger.file->devices[dev].context_overhead;
-    uint64_t overhead = atomic_load(known);
+    struct vcuda_ledger_device *d = &vcuda_proc.ledger.file->devices[dev];
+    uint64_t overhead = atomic_load(&d->context_overhead);
     if (overhead == 0) {
+        uint64_t after = nvml_free(ordinal);
         if (before == UINT64_MAX || after == UINT64_MAX || after >= before ||
             before - after > OVERHEAD_SANITY_MAX) {
-            vcuda_debug("context overhead on device %d not measurable; not charged", ordinal);
-            return true;
+            vcuda_info("context overhead on device %d not measurable (no NVML view); not charged", ordinal);
+            overhead = OVERHEAD_UNMEASURABLE;
+        } else {
+            overhead = before - after;
+            vcuda_debug("context overhead on device %d: %llu bytes", ordinal, (unsigned long long)overhead);
         }
         uint64_t expected = 0;
-        overhead = before - after;
-        if (!atomic_compare_exchange_strong(known, &expected, overhead)) overhead = expected;
-        vcuda_debug("context overhead on device %d: %llu bytes", ordinal, (unsigned long long)overhead);
+        if (!atomic_compare_exchange_strong(&d->context_overhead, &expected, overhead)) overhead = expected;
+        atomic_store(&d->overhead_measurer, 0);
     }
+    if (overhead == OVERHEAD_UNMEASURABLE) return true;
     if (!vcuda_ledger_reserve(&vcuda_proc.ledger, vcuda_proc.slot, dev, overhead, limit)) return false;
     *charged = overhead;
     return true;
+}
+
+/* A would-be measurer whose context was not created hands the job on. */
+static void stop_measuring(int dev) {
+    uint64_t self = (uint64_t)getpid();
+    atomic_compare_exchange_strong(&vcuda_proc.ledger.file->devices[dev].overhead_measurer, &self, 0);
 }
 
 CUresult vcuda_context_after_create(CUresult rc, CUcontext ctx, CUdevice ordinal, bool primary,
@@ -145,6 +181,7 @@ CUresult vcuda_context_after_create(CUresult rc, CUcontext ctx, CUdevice ordinal
     uint64_t limit;
     CUresult dev_rc;
     int dev = vcuda_device_index(ordinal, &limit, &dev_rc);
+    if (dev >= 0 && (rc != CUDA_SUCCESS || charged)) stop_measuring(dev);
     if (rc != CUDA_SUCCESS || dev < 0) {
         if (charged && dev >= 0) vcuda_ledger_release(&vcuda_proc.ledger, vcuda_proc.slot, dev, charged);
         return rc;
@@ -155,6 +192,7 @@ CUresult vcuda_context_after_create(CUresult rc, CUcontext ctx, CUdevice ordinal
         /* Another thread's retain created it first; ours added no context. */
         c->refs++;
         pthread_mutex_unlock(&context_lock);
+        stop_measuring(dev);
         if (charged) vcuda_ledger_release(&vcuda_proc.ledger, vcuda_proc.slot, dev, charged);
         return CUDA_SUCCESS;
     }

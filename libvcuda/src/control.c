@@ -79,7 +79,8 @@ VCUDA_API int vcuda_ledger_read_devices(vcuda_ledger_map *map, vcuda_device_usag
         u->used = atomic_load(&d->used);
         u->peak = atomic_load(&d->peak);
         u->oom_denials = atomic_load(&d->oom_denials);
-        u->context_overhead = atomic_load(&d->context_overhead);
+        uint64_t overhead = atomic_load(&d->context_overhead);
+        u->context_overhead = overhead == UINT64_MAX ? 0 : overhead; /* UINT64_MAX: unmeasurable */
     }
     return n;
 }

@@ -140,7 +140,7 @@ CUresult vc_cuInit(unsigned int flags) {
 /* Called by the dlsym trampoline (dlsym_trampoline.c) for every handle but
  * RTLD_NEXT, which the trampoline sends straight to glibc so the caller's
  * return address, which RTLD_NEXT depends on, is the application's. */
-__attribute__((used)) void *vcuda_dlsym_impl(void *handle, const char *name) {
+__attribute__((used)) VCUDA_NO_SANITIZE void *vcuda_dlsym_impl(void *handle, const char *name) {
     if (vcuda_real_dlsym == NULL) vcuda_real_dlsym_init();
     void *fn = vcuda_real_dlsym(handle, name);
     if (fn == NULL || name == NULL || vcuda_config.disabled) return fn;

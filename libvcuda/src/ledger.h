@@ -32,7 +32,8 @@ struct vcuda_ledger_device {
     _Atomic uint64_t peak;
     _Atomic uint64_t oom_denials;
     _Atomic uint64_t context_overhead; /* measured bytes per context, 0 = not yet known */
-    uint64_t reserved[11];
+    _Atomic uint64_t overhead_measurer; /* pid measuring it now, 0 = nobody */
+    uint64_t reserved[10];
 };
 
 /* owner = pid << 8 | state, so pid and state change together in one CAS. */

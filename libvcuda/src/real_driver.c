@@ -18,7 +18,7 @@ static CUresult cuda_status = CUDA_ERROR_NOT_INITIALIZED;
 static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
 static int nvml_status = -1;
 
-void vcuda_real_dlsym_init(void) {
+VCUDA_NO_SANITIZE void vcuda_real_dlsym_init(void) {
     if (vcuda_real_dlsym) return;
     /* dlvsym is not overridden, so it reaches glibc's dlsym; the version moved
      * to GLIBC_2.34 when libdl merged into libc. */

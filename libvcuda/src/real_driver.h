@@ -13,9 +13,14 @@
 #include "hooks.h"
 
 typedef void *(*vcuda_dlsym_fn)(void *, const char *);
+
+/* Code on the dlsym path runs while a sanitizer runtime preloaded before us
+ * initialises (it looks up its interceptors with dlsym): it must not be
+ * instrumented in sanitizer builds. */
+#define VCUDA_NO_SANITIZE __attribute__((no_sanitize("address", "thread", "undefined")))
 extern vcuda_dlsym_fn vcuda_real_dlsym;
 
-void vcuda_real_dlsym_init(void);
+VCUDA_NO_SANITIZE void vcuda_real_dlsym_init(void);
 CUresult vcuda_driver_load(void);
 int vcuda_nvml_load(void);
 /* Loads the driver; CUDA_SUCCESS when the real function in `slot` (a field of

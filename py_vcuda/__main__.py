@@ -1,0 +1,5 @@
+import sys
+
+from py_vcuda.cli import main
+
+sys.exit(main())

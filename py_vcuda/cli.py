@@ -1,0 +1,145 @@
+"""The `vcuda` command. Parses arguments and wires the parts; logic lives in modules."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from py_vcuda import __version__
+
+
+def _quantity(text: str) -> int:
+    from py_vcuda.quantity import QuantityError, parse_quantity
+
+    try:
+        return parse_quantity(text)
+    except QuantityError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _device_memory(text: str) -> tuple[int, int]:
+    index, sep, value = text.partition("=")
+    if not sep or not index.isdigit():
+        raise argparse.ArgumentTypeError(f"expected INDEX=QUANTITY, got {text!r}")
+    return int(index), _quantity(value)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from py_vcuda import launch
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("vcuda run: no command given (usage: vcuda run [options] -- CMD ...)", file=sys.stderr)
+        return 2
+    tenant = launch.Tenant(memory=args.memory, memory_per_device=dict(args.device_memory or []),
+                           gpu=args.gpu, ledger=args.ledger, log_level=args.log_level)
+    base = None
+    if args.simulate:
+        import os
+
+        from py_vcuda.sim import SimConfig
+
+        sim = SimConfig(state_path=args.sim_state) if args.sim_state else SimConfig()
+        base = {**os.environ, **sim.env()}
+    return launch.run(command, tenant, base)
+
+
+def cmd_lib_path(args: argparse.Namespace) -> int:
+    from py_vcuda import native
+
+    try:
+        print(native.lib_path(native.SHIM))
+    except native.NativeLibraryMissing as exc:
+        print(f"vcuda lib-path: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from py_vcuda.doctor import report
+
+    lines, status = report(simulate=args.simulate)
+    print("\n".join(lines))
+    return status
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from py_vcuda.demo import run_demo
+
+    return run_demo(Console(), simulate=True if args.simulate else None)
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    from token_scheduler import cli
+
+    return cli.run(args)
+
+
+def cmd_extender(args: argparse.Namespace) -> int:
+    from scheduler_extender import cli
+
+    return cli.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vcuda", description="GPU sharing with enforced memory and compute quotas.")
+    parser.add_argument("--version", action="version", version=f"vcuda {__version__}")
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("run", help="run a command under GPU quotas on this machine",
+                       description="Run CMD with libvcuda preloaded and the given quotas. "
+                                   "All processes CMD starts share the quota.")
+    p.add_argument("--memory", type=_quantity, metavar="Q",
+                   help="device memory limit per visible GPU (512Mi, 4Gi, 1.5Gi, 4G, bytes)")
+    p.add_argument("--device-memory", type=_device_memory, action="append", metavar="I=Q",
+                   help="memory limit for visible device I (repeatable)")
+    p.add_argument("--gpu", metavar="I|UUID", help="run on this GPU only (sets CUDA_VISIBLE_DEVICES)")
+    p.add_argument("--ledger", type=Path, metavar="FILE",
+                   help="share a ledger file with other runs (default: one per run)")
+    p.add_argument("--log-level", choices=["error", "warn", "info", "debug"],
+                   help="libvcuda's log level (VCUDA_LOG_LEVEL)")
+    p.add_argument("--simulate", action="store_true", help="run against the GPU simulator")
+    p.add_argument("--sim-state", type=Path, metavar="FILE",
+                   help="simulator state file (with --simulate; default per user)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("lib-path", help="print the path of libvcuda.so")
+    p.set_defaults(func=cmd_lib_path)
+
+    p = sub.add_parser("doctor", help="check the CUDA driver, runtimes and the shim")
+    p.add_argument("--simulate", action="store_true", help="check against the GPU simulator")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("demo", help="tenants with different quotas on one GPU (or the simulator)")
+    p.add_argument("--simulate", action="store_true", help="use the simulator even with a GPU")
+    p.set_defaults(func=cmd_demo)
+
+    try:
+        from token_scheduler import cli as scheduler_cli
+    except ImportError:
+        scheduler_cli = None
+    if scheduler_cli is not None:
+        p = sub.add_parser("scheduler", help="one GPU's token scheduler")
+        scheduler_cli.add_arguments(p)
+        p.set_defaults(func=cmd_scheduler)
+
+    from scheduler_extender import cli as extender_cli
+
+    p = sub.add_parser("extender", help="the kube-scheduler extender")
+    extender_cli.add_arguments(p)
+    p.set_defaults(func=cmd_extender)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

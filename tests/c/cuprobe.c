@@ -1,0 +1,374 @@
+/* cuprobe: drives the CUDA driver API the way applications do, for the shim's
+ * tests. Entry points come from one of three doors:
+ *   --via=link   the program is linked against the driver (built with -DVIA_LINK)
+ *   --via=dlsym  dlopen($VCUDA_REAL_LIBCUDA) + dlsym, like old runtimes
+ *   --via=proc   only cuGetProcAddress_v2 is dlsym'd; everything else, even
+ *                cuGetProcAddress itself, comes through it, like cudart 12/13
+ *                (--cuda-version=N, --ptds for the per-thread-stream flag)
+ * then runs the commands on its command line, printing one line each:
+ *   "<command> rc=<CUresult> [key=value...]". See tests/libvcuda for usage. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "vcuda/cuda_abi.h"
+
+typedef CUresult (*getproc_v2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*getproc_v1_fn)(const char *, void **, int, cuuint64_t);
+
+static struct {
+    CUresult (*init)(unsigned);
+    CUresult (*primary_retain)(CUcontext *, CUdevice);
+    CUresult (*primary_release)(CUdevice);
+    CUresult (*ctx_set_current)(CUcontext);
+    CUresult (*ctx_create_v2)(CUcontext *, unsigned, CUdevice);
+    CUresult (*ctx_create_v4)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
+    CUresult (*ctx_destroy)(CUcontext);
+    CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+    CUresult (*mem_alloc_pitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+    CUresult (*mem_free)(CUdeviceptr);
+    CUresult (*mem_alloc_managed)(CUdeviceptr *, size_t, unsigned);
+    CUresult (*mem_alloc_async)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*mem_alloc_pool)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    CUresult (*mem_free_async)(CUdeviceptr, CUstream);
+    CUresult (*default_pool)(CUmemoryPool *, CUdevice);
+    CUresult (*stream_sync)(CUstream);
+    CUresult (*mem_create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+    CUresult (*mem_release)(CUmemGenericAllocationHandle);
+    CUresult (*array_create)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+    CUresult (*array3d_create)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+    CUresult (*array_destroy)(CUarray);
+    CUresult (*mipmap_create)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned);
+    CUresult (*mipmap_destroy)(CUmipmappedArray);
+    CUresult (*mem_get_info)(size_t *, size_t *);
+    CUresult (*total_mem)(size_t *, CUdevice);
+} cu;
+
+/* name in the driver (dlsym door), base name (getProcAddress door), slot */
+#define ENTRIES(X)                                                               \
+    X("cuInit", "cuInit", init)                                                  \
+    X("cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", primary_retain)     \
+    X("cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease", primary_release) \
+    X("cuCtxSetCurrent", "cuCtxSetCurrent", ctx_set_current)                     \
+    X("cuCtxDestroy_v2", "cuCtxDestroy", ctx_destroy)                            \
+    X("cuMemAlloc_v2", "cuMemAlloc", mem_alloc)                                  \
+    X("cuMemAllocPitch_v2", "cuMemAllocPitch", mem_alloc_pitch)                  \
+    X("cuMemFree_v2", "cuMemFree", mem_free)                                     \
+    X("cuMemAllocManaged", "cuMemAllocManaged", mem_alloc_managed)               \
+    X("cuMemAllocAsync", "cuMemAllocAsync", mem_alloc_async)                     \
+    X("cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", mem_alloc_pool)      \
+    X("cuMemFreeAsync", "cuMemFreeAsync", mem_free_async)                        \
+    X("cuDeviceGetDefaultMemPool", "cuDeviceGetDefaultMemPool", default_pool)    \
+    X("cuStreamSynchronize", "cuStreamSynchronize", stream_sync)                 \
+    X("cuMemCreate", "cuMemCreate", mem_create)                                  \
+    X("cuMemRelease", "cuMemRelease", mem_release)                               \
+    X("cuArrayCreate_v2", "cuArrayCreate", array_create)                         \
+    X("cuArray3DCreate_v2", "cuArray3DCreate", array3d_create)                   \
+    X("cuArrayDestroy", "cuArrayDestroy", array_destroy)                         \
+    X("cuMipmappedArrayCreate", "cuMipmappedArrayCreate", mipmap_create)         \
+    X("cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", mipmap_destroy)      \
+    X("cuMemGetInfo_v2", "cuMemGetInfo", mem_get_info)                           \
+    X("cuDeviceTotalMem_v2", "cuDeviceTotalMem", total_mem)
+
+#ifdef VIA_LINK
+/* Declared by their driver names, typed later through the table's slots. */
+typedef void (*any_fn)(void);
+#define DECLARE(name, base, slot) extern void link_##slot(void) __asm__(name);
+ENTRIES(DECLARE)
+extern void link_ctx_create_v2(void) __asm__("cuCtxCreate_v2");
+extern void link_ctx_create_v4(void) __asm__("cuCtxCreate_v4");
+#endif
+
+static int cuda_version = 13000;
+static int ptds = 0;
+
+static void where(const char *name, void *fn) {
+    Dl_info info;
+    const char *lib = "?";
+    if (fn && dladdr(fn, &info) && info.dli_fname) {
+        lib = strrchr(info.dli_fname, '/');
+        lib = lib ? lib + 1 : info.dli_fname;
+    }
+    printf("resolve name=%s lib=%s\n", name, fn ? lib : "(null)");
+}
+
+static int resolve(const char *via) {
+#ifdef VIA_LINK
+    if (strcmp(via, "link") == 0) {
+#define ASSIGN(name, base, slot) memcpy(&cu.slot, &(any_fn){link_##slot}, sizeof(any_fn));
+        ENTRIES(ASSIGN)
+        memcpy(&cu.ctx_create_v2, &(any_fn){link_ctx_create_v2}, sizeof(any_fn));
+        return 0;
+    }
+#endif
+    const char *path = getenv("VCUDA_REAL_LIBCUDA");
+    void *h = dlopen(path ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 1; }
+    if (strcmp(via, "dlsym") == 0) {
+#define BY_DLSYM(name, base, slot) { void *p = dlsym(h, name); memcpy(&cu.slot, &p, sizeof p); where(name, p); }
+        ENTRIES(BY_DLSYM)
+        void *p = dlsym(h, "cuCtxCreate_v2");
+        memcpy(&cu.ctx_create_v2, &p, sizeof p);
+        where("cuCtxCreate_v2", p);
+        return 0;
+    }
+    /* cudart's way: one dlsym, then getProcAddress for everything, itself included. */
+    getproc_v2_fn gp = (getproc_v2_fn)(uintptr_t)dlsym(h, "cuGetProcAddress_v2");
+    where("cuGetProcAddress_v2", (void *)(uintptr_t)gp);
+    if (!gp) return 1;
+    cuuint64_t flags = ptds ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
+    void *self = NULL;
+    CUdriverProcAddressQueryResult st;
+    gp("cuGetProcAddress", &self, cuda_version, flags, &st);
+    where("cuGetProcAddress", self);
+    getproc_v2_fn gp2 = cuda_version >= 12000 ? (getproc_v2_fn)(uintptr_t)self : NULL;
+    getproc_v1_fn gp1 = cuda_version < 12000 ? (getproc_v1_fn)(uintptr_t)self : NULL;
+#define BY_PROC(name, base, slot)                                                      \
+    {                                                                                  \
+        void *p = NULL;                                                                \
+        CUresult r = gp2 ? gp2(base, &p, cuda_version, flags, &st) : gp1(base, &p, cuda_version, flags); \
+        if (r != CUDA_SUCCESS) p = NULL;                                               \
+        memcpy(&cu.slot, &p, sizeof p);                                                \
+        where(base, p);                                                                \
+    }
+    ENTRIES(BY_PROC)
+    void *p = NULL;
+    if (gp2) gp2("cuCtxCreate", &p, cuda_version, flags, &st);
+    else gp1("cuCtxCreate", &p, cuda_version, flags);
+    where("cuCtxCreate", p);
+    if (cuda_version >= 13000) memcpy(&cu.ctx_create_v4, &p, sizeof p);
+    else memcpy(&cu.ctx_create_v2, &p, sizeof p);
+    return 0;
+}
+
+/* Allocations made so far, freed by `freeall` with the matching API. */
+enum kind { K_PTR, K_ASYNC, K_VMM, K_ARRAY, K_MIPMAP };
+struct held { enum kind kind; uint64_t handle; };
+static struct held held[65536];
+static int nheld;
+
+static void keep(enum kind kind, uint64_t handle) {
+    if (nheld < (int)(sizeof held / sizeof held[0])) held[nheld++] = (struct held){kind, handle};
+}
+
+static CUresult release(const struct held *h) {
+    switch (h->kind) {
+    case K_PTR: return cu.mem_free(h->handle);
+    case K_ASYNC: {
+        CUresult r = cu.mem_free_async(h->handle, NULL);
+        return r ? r : cu.stream_sync(NULL);
+    }
+    case K_VMM: return cu.mem_release(h->handle);
+    case K_ARRAY: return cu.array_destroy((CUarray)(uintptr_t)h->handle);
+    case K_MIPMAP: return cu.mipmap_destroy((CUmipmappedArray)(uintptr_t)h->handle);
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+static unsigned long long num(const char *s) { return strtoull(s, NULL, 0); }
+
+/* One allocation by kind name; shared by commands and the stress threads. */
+static CUresult allocate(const char *what, unsigned long long a, unsigned long long b,
+                         unsigned long long c, unsigned long long d, struct held *out) {
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    if (strcmp(what, "alloc") == 0) {
+        CUdeviceptr p = 0;
+        r = cu.mem_alloc(&p, a);
+        *out = (struct held){K_PTR, p};
+    } else if (strcmp(what, "managed") == 0) {
+        CUdeviceptr p = 0;
+        r = cu.mem_alloc_managed(&p, a, CU_MEM_ATTACH_GLOBAL);
+        *out = (struct held){K_PTR, p};
+    } else if (strcmp(what, "pitch") == 0) {
+        CUdeviceptr p = 0;
+        size_t pitch = 0;
+        r = cu.mem_alloc_pitch(&p, &pitch, a, b, 4);
+        *out = (struct held){K_PTR, p};
+    } else if (strcmp(what, "async") == 0) {
+        CUdeviceptr p = 0;
+        r = cu.mem_alloc_async(&p, a, NULL);
+        *out = (struct held){K_ASYNC, p};
+    } else if (strcmp(what, "pool") == 0) {
+        CUdeviceptr p = 0;
+        CUmemoryPool pool;
+        r = cu.default_pool(&pool, 0);
+        if (r == CUDA_SUCCESS) r = cu.mem_alloc_pool(&p, a, pool, NULL);
+        *out = (struct held){K_ASYNC, p};
+    } else if (strcmp(what, "vmm") == 0) {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = 0;
+        CUmemGenericAllocationHandle h = 0;
+        r = cu.mem_create(&h, a, &prop, 0);
+        *out = (struct held){K_VMM, h};
+    } else if (strcmp(what, "array") == 0) {
+        CUDA_ARRAY_DESCRIPTOR desc = {.Width = a, .Height = b, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+        CUarray arr = NULL;
+        r = cu.array_create(&arr, &desc);
+        *out = (struct held){K_ARRAY, (uint64_t)(uintptr_t)arr};
+    } else if (strcmp(what, "array3d") == 0) {
+        CUDA_ARRAY3D_DESCRIPTOR desc = {.Width = a, .Height = b, .Depth = c, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+        CUarray arr = NULL;
+        r = cu.array3d_create(&arr, &desc);
+        *out = (struct held){K_ARRAY, (uint64_t)(uintptr_t)arr};
+    } else if (strcmp(what, "mipmap") == 0) {
+        CUDA_ARRAY3D_DESCRIPTOR desc = {.Width = a, .Height = b, .Depth = c, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+        CUmipmappedArray arr = NULL;
+        r = cu.mipmap_create(&arr, &desc, (unsigned)d);
+        *out = (struct held){K_MIPMAP, (uint64_t)(uintptr_t)arr};
+    }
+    return r;
+}
+
+/* stress: threads allocate and free at random; each thread frees what it holds at the end. */
+struct stress_arg { unsigned seed; double seconds; unsigned long long max_bytes; long ops; long denied; CUcontext ctx; };
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void *stress_thread(void *p) {
+    struct stress_arg *arg = p;
+    cu.ctx_set_current(arg->ctx);
+    struct held mine[64];
+    int n = 0;
+    static const char *const kinds[] = {"alloc", "managed", "async", "vmm", "pitch", "array"};
+    double end = now_s() + arg->seconds;
+    while (now_s() < end) {
+        unsigned r = rand_r(&arg->seed);
+        if (n > 0 && (r % 2 == 0 || n == 64)) {
+            int i = (int)(rand_r(&arg->seed) % (unsigned)n);
+            release(&mine[i]);
+            mine[i] = mine[--n];
+        } else {
+            const char *kind = kinds[rand_r(&arg->seed) % 6];
+            unsigned long long bytes = 1 + rand_r(&arg->seed) % arg->max_bytes;
+            if (strcmp(kind, "vmm") == 0) bytes = (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+            struct held h;
+            CUresult rc = allocate(kind, strcmp(kind, "array") == 0 ? bytes / 4 + 1 : bytes,
+                                   strcmp(kind, "pitch") == 0 ? 2 : 1, 0, 1, &h);
+            if (rc == CUDA_SUCCESS) mine[n++] = h;
+            else if (rc == CUDA_ERROR_OUT_OF_MEMORY) arg->denied++;
+        }
+        arg->ops++;
+    }
+    while (n > 0) release(&mine[--n]);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    const char *via = "dlsym";
+    int i = 1;
+    for (; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
+        if (strncmp(argv[i], "--via=", 6) == 0) via = argv[i] + 6;
+        else if (strncmp(argv[i], "--cuda-version=", 15) == 0) cuda_version = atoi(argv[i] + 15);
+        else if (strcmp(argv[i], "--ptds") == 0) ptds = 1;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (resolve(via) != 0) return 2;
+    CUcontext ctx = NULL;
+    for (; i < argc; i++) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "%s", argv[i]);
+        char *args[6] = {0};
+        int nargs = 0;
+        for (char *save = NULL, *tok = strtok_r(cmd, ":", &save); tok && nargs < 6; tok = strtok_r(NULL, ":", &save))
+            args[nargs++] = tok;
+        const char *c = args[0];
+        unsigned long long a = nargs > 1 ? num(args[1]) : 0, b = nargs > 2 ? num(args[2]) : 0;
+        unsigned long long cc = nargs > 3 ? num(args[3]) : 0, d = nargs > 4 ? num(args[4]) : 0;
+        CUresult r;
+        if (strcmp(c, "init") == 0) {
+            printf("init rc=%d\n", cu.init(0));
+        } else if (strcmp(c, "ctx") == 0) {
+            r = cu.primary_retain(&ctx, (CUdevice)a);
+            if (r == CUDA_SUCCESS) r = cu.ctx_set_current(ctx);
+            printf("ctx rc=%d\n", r);
+        } else if (strcmp(c, "release") == 0) {
+            printf("release rc=%d\n", cu.primary_release((CUdevice)a));
+        } else if (strcmp(c, "newctx") == 0) {
+            r = cu.ctx_create_v4 ? cu.ctx_create_v4(&ctx, NULL, 0, (CUdevice)a) : cu.ctx_create_v2(&ctx, 0, (CUdevice)a);
+            printf("newctx rc=%d\n", r);
+        } else if (strcmp(c, "destroyctx") == 0) {
+            printf("destroyctx rc=%d\n", cu.ctx_destroy(ctx));
+        } else if (strcmp(c, "info") == 0) {
+            size_t f = 0, t = 0;
+            r = cu.mem_get_info(&f, &t);
+            printf("info rc=%d free=%zu total=%zu\n", r, f, t);
+        } else if (strcmp(c, "total") == 0) {
+            size_t t = 0;
+            r = cu.total_mem(&t, (CUdevice)a);
+            printf("total rc=%d total=%zu\n", r, t);
+        } else if (strcmp(c, "freeall") == 0) {
+            int bad = 0;
+            while (nheld > 0) bad += release(&held[--nheld]) != CUDA_SUCCESS;
+            printf("freeall rc=%d\n", bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS);
+        } else if (strcmp(c, "free") == 0) {
+            r = nheld ? release(&held[--nheld]) : CUDA_ERROR_INVALID_VALUE;
+            printf("free rc=%d\n", r);
+        } else if (strcmp(c, "freeunknown") == 0) {
+            printf("freeunknown rc=%d\n", cu.mem_free((CUdeviceptr)0xdead0000ull));
+        } else if (strcmp(c, "fill") == 0) {
+            /* allocate chunks of `a` bytes until refused; report how many fit */
+            long n = 0;
+            struct held h;
+            while ((r = allocate("alloc", a, 0, 0, 0, &h)) == CUDA_SUCCESS) { keep(h.kind, h.handle); n++; }
+            printf("fill rc=%d count=%ld\n", r, n);
+        } else if (strcmp(c, "hold") == 0) {
+            printf("holding\n");
+            char line[16];
+            if (fgets(line, sizeof line, stdin) == NULL) { /* parent closed: carry on */ }
+        } else if (strcmp(c, "sleep") == 0) {
+            usleep((useconds_t)(a * 1000));
+        } else if (strcmp(c, "stress") == 0) {
+            int threads = (int)a;
+            pthread_t tid[64];
+            struct stress_arg sa[64];
+            for (int t = 0; t < threads && t < 64; t++) {
+                sa[t] = (struct stress_arg){.seed = (unsigned)(getpid() * 131 + t), .seconds = (double)b,
+                                            .max_bytes = cc, .ctx = ctx};
+                pthread_create(&tid[t], NULL, stress_thread, &sa[t]);
+            }
+            long ops = 0, denied = 0;
+            for (int t = 0; t < threads && t < 64; t++) {
+                pthread_join(tid[t], NULL);
+                ops += sa[t].ops;
+                denied += sa[t].denied;
+            }
+            printf("stress rc=0 ops=%ld denied=%ld\n", ops, denied);
+        } else if (strcmp(c, "fork") == 0) {
+            /* the child allocates `a` bytes in a context of its own */
+            pid_t pid = fork();
+            if (pid == 0) {
+                CUcontext cctx = NULL;
+                CUresult cr = cu.primary_retain(&cctx, 0);
+                if (cr == CUDA_SUCCESS) cr = cu.ctx_set_current(cctx);
+                CUdeviceptr p = 0;
+                if (cr == CUDA_SUCCESS) cr = cu.mem_alloc(&p, a);
+                printf("child rc=%d\n", cr);
+                _exit(0);
+            }
+            int status = 0;
+            waitpid(pid, &status, 0);
+            printf("fork rc=0 status=%d\n", status);
+        } else {
+            struct held h;
+            r = allocate(c, a, b, cc, d, &h);
+            if (r == CUDA_SUCCESS) keep(h.kind, h.handle);
+            printf("%s rc=%d\n", c, r);
+        }
+    }
+    return 0;
+}

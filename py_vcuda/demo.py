@@ -68,7 +68,7 @@ def run_demo(console: Console, *, simulate: bool | None = None) -> int:
         refused = result["refused_with"]
         table.add_row(t.name, format_bytes(t.memory), format_bytes(result["total"]),
                       format_bytes(result["allocated"]),
-                      "CUDA_ERROR_OUT_OF_MEMORY" if refused == 2 else str(refused))
+                      "OUT_OF_MEMORY" if refused == 2 else str(refused))
         if result["allocated"] > t.memory:
             status = 1
     console.print(table)

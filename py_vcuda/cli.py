@@ -25,6 +25,12 @@ def _device_memory(text: str) -> tuple[int, int]:
     return int(index), _quantity(value)
 
 
+def _percent(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 100:
+        raise argparse.ArgumentTypeError(f"expected a whole percentage 1-100, got {text!r}")
+    return int(text)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from py_vcuda import launch
 
@@ -32,8 +38,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not command:
         print("vcuda run: no command given (usage: vcuda run [options] -- CMD ...)", file=sys.stderr)
         return 2
+    if args.core_limit is not None and args.core is None:
+        print("vcuda run: --core-limit needs --core (the guaranteed share)", file=sys.stderr)
+        return 2
+    if args.core_limit is not None and args.core_limit < args.core:
+        print(f"vcuda run: --core-limit {args.core_limit} is below --core {args.core}", file=sys.stderr)
+        return 2
     tenant = launch.Tenant(memory=args.memory, memory_per_device=dict(args.device_memory or []),
-                           gpu=args.gpu, ledger=args.ledger, log_level=args.log_level)
+                           gpu=args.gpu, ledger=args.ledger, log_level=args.log_level,
+                           core_request=args.core, core_limit=args.core_limit)
     base = None
     if args.simulate:
         import os
@@ -42,7 +55,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         sim = SimConfig(state_path=args.sim_state) if args.sim_state else SimConfig()
         base = {**os.environ, **sim.env()}
-    return launch.run(command, tenant, base)
+    try:
+        return launch.run(command, tenant, base)
+    except launch.SchedulerError as exc:
+        print(f"vcuda run: {exc}", file=sys.stderr)
+        return 1
 
 
 def cmd_lib_path(args: argparse.Namespace) -> int:
@@ -97,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="device memory limit per visible GPU (512Mi, 4Gi, 1.5Gi, 4G, bytes)")
     p.add_argument("--device-memory", type=_device_memory, action="append", metavar="I=Q",
                    help="memory limit for visible device I (repeatable)")
+    p.add_argument("--core", type=_percent, metavar="N",
+                   help="guaranteed share of GPU time in percent (starts or reuses the GPU's token scheduler)")
+    p.add_argument("--core-limit", type=_percent, metavar="N",
+                   help="cap on the share of GPU time in percent, at least --core (default: = --core)")
     p.add_argument("--gpu", metavar="I|UUID", help="run on this GPU only (sets CUDA_VISIBLE_DEVICES)")
     p.add_argument("--ledger", type=Path, metavar="FILE",
                    help="share a ledger file with other runs (default: one per run)")

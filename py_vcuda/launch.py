@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from py_vcuda import native
+from token_scheduler.admin_client import AdminClient
 
 
 @dataclass
@@ -22,6 +25,8 @@ class Tenant:
     gpu: str | None = None                     # index or UUID; None: all visible
     ledger: Path | None = None                 # None: a fresh one for this run
     log_level: str | None = None
+    core_request: int | None = None            # percent of GPU time guaranteed; None: no compute quota
+    core_limit: int | None = None              # percent cap; None: = request
 
 
 def runtime_dir() -> Path:
@@ -29,6 +34,37 @@ def runtime_dir() -> Path:
     path = Path(base) / f"vcuda-{os.getuid()}"
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
+
+
+class SchedulerError(RuntimeError):
+    """The local token scheduler could not be started or refused the tenant."""
+
+
+def scheduler_dir(gpu: str, simulated: bool) -> Path:
+    key = "".join(c if c.isalnum() or c in "-_" else "_" for c in gpu)
+    return runtime_dir() / f"scheduler-{'sim-' if simulated else ''}gpu-{key}"
+
+
+def ensure_scheduler(gpu: str, simulated: bool, timeout_s: float = 10.0) -> AdminClient:
+    """The GPU's local token scheduler, started (detached, outliving this run) if not running."""
+    directory = scheduler_dir(gpu, simulated)
+    admin = AdminClient(directory / "admin.sock")
+    try:
+        admin.call("ping", timeout_s=0.3)
+        return admin
+    except TimeoutError:
+        pass
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(directory / "scheduler.log", "ab") as log:
+        subprocess.Popen([sys.executable, "-m", "token_scheduler", "--gpu", gpu, "--dir", str(directory)],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    try:
+        admin.wait_ready(timeout_s)
+    except TimeoutError:
+        admin.close()
+        log = directory / "scheduler.log"
+        raise SchedulerError(f"the token scheduler for GPU {gpu} did not start; see {log}") from None
+    return admin
 
 
 def tenant_env(tenant: Tenant, base: Mapping[str, str], ledger: Path) -> dict[str, str]:
@@ -47,6 +83,9 @@ def tenant_env(tenant: Tenant, base: Mapping[str, str], ledger: Path) -> dict[st
     if tenant.log_level:
         env["VCUDA_LOG_LEVEL"] = tenant.log_level
     env["VCUDA_LEDGER"] = str(ledger)
+    if tenant.core_request is not None:
+        env["VCUDA_CORE_REQUEST"] = str(tenant.core_request)
+        env["VCUDA_CORE_LIMIT"] = str(tenant.core_limit or tenant.core_request)
     return env
 
 
@@ -54,7 +93,30 @@ def run(command: Sequence[str], tenant: Tenant, base_env: Mapping[str, str] | No
     """Run `command` under the quotas; returns its exit status (128+N for signal N)."""
     own_ledger = tenant.ledger is None
     ledger = tenant.ledger or runtime_dir() / f"run-{os.getpid()}.ledger"
-    env = tenant_env(tenant, os.environ if base_env is None else base_env, ledger)
+    base = os.environ if base_env is None else base_env
+    env = tenant_env(tenant, base, ledger)
+    admin = None
+    name = f"run-{os.getpid()}"
+    if tenant.core_request is not None:
+        admin = ensure_scheduler(tenant.gpu or "0", simulated="VCUDA_SIM_STATE" in base)
+        reply = admin.call("add", tenant=name, request=tenant.core_request,
+                           limit=tenant.core_limit or tenant.core_request)
+        if not reply.get("ok"):
+            admin.close()
+            raise SchedulerError(f"the token scheduler refused the compute quota: {reply.get('error')}")
+        env["VCUDA_SCHEDULER"] = str(reply["endpoint"])
+    try:
+        return _supervise(command, env)
+    finally:
+        if admin is not None:
+            with contextlib.suppress(TimeoutError):
+                admin.call("remove", tenant=name)
+            admin.close()
+        if own_ledger:
+            ledger.unlink(missing_ok=True)
+
+
+def _supervise(command: Sequence[str], env: dict[str, str]) -> int:
     try:
         proc = subprocess.Popen(list(command), env=env)
     except FileNotFoundError:
@@ -72,6 +134,4 @@ def run(command: Sequence[str], tenant: Tenant, base_env: Mapping[str, str] | No
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        if own_ledger:
-            ledger.unlink(missing_ok=True)
     return status if status >= 0 else 128 - status

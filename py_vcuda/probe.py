@@ -13,6 +13,7 @@ import ctypes
 import json
 import os
 import sys
+import time
 from typing import Any
 
 CUDA_SUCCESS = 0
@@ -38,7 +39,10 @@ class Driver:
         return int(getattr(self.lib, name)(*args))
 
     def check(self, name: str, *args: Any) -> None:
-        rc = self.call(name, *args)
+        self.check_rc(name, self.call(name, *args))
+
+    @staticmethod
+    def check_rc(name: str, rc: int) -> None:
         if rc != CUDA_SUCCESS:
             raise CudaError(name, rc)
 
@@ -64,6 +68,53 @@ class Driver:
 
     def free(self, ptr: int) -> None:
         self.check("cuMemFree_v2", ctypes.c_uint64(ptr))
+
+
+# A kernel that spins for `cycles` GPU clock cycles (real GPUs); the simulator
+# runs any kernel for the microseconds in its first parameter instead.
+SPIN_PTX = b"""
+.version 7.0
+.target sm_50
+.address_size 64
+.visible .entry spin(.param .u64 cycles)
+{
+    .reg .pred %p;
+    .reg .b64 %rd<5>;
+    ld.param.u64 %rd1, [cycles];
+    mov.u64 %rd2, %clock64;
+LOOP:
+    mov.u64 %rd3, %clock64;
+    sub.s64 %rd4, %rd3, %rd2;
+    setp.lt.u64 %p, %rd4, %rd1;
+    @%p bra LOOP;
+    ret;
+}
+"""
+CU_DEVICE_ATTRIBUTE_CLOCK_RATE = 13  # kHz
+
+
+def spin(kernel_us: int, seconds: float, sync_every: int = 10) -> dict[str, Any]:
+    """Launch `kernel_us`-long kernels for `seconds`; report the GPU time used."""
+    drv = Driver()
+    drv.open()
+    module, function = ctypes.c_void_p(), ctypes.c_void_p()
+    drv.check("cuModuleLoadData", ctypes.byref(module), ctypes.c_char_p(SPIN_PTX))
+    drv.check("cuModuleGetFunction", ctypes.byref(function), module, b"spin")
+    arg = ctypes.c_uint64(kernel_us)
+    if "sim" not in os.path.basename(drv.path):
+        khz = ctypes.c_int()
+        drv.check("cuDeviceGetAttribute", ctypes.byref(khz), CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 0)
+        arg.value = kernel_us * khz.value // 1000
+    params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(arg), ctypes.c_void_p))
+    launch = drv.lib.cuLaunchKernel
+    kernels, start = 0, time.monotonic()
+    while time.monotonic() - start < seconds:
+        drv.check_rc("cuLaunchKernel", launch(function, 1, 1, 1, 1, 1, 1, 0, None, params, None))
+        kernels += 1
+        if kernels % sync_every == 0:
+            drv.check("cuCtxSynchronize")
+    drv.check("cuCtxSynchronize")
+    return {"kernels": kernels, "busy_us": kernels * kernel_us, "wall_us": (time.monotonic() - start) * 1e6}
 
 
 def fill(chunk: int, maximum: int) -> dict[str, Any]:
@@ -113,9 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     p_fill.add_argument("--max", type=int, required=True)
     p_check = sub.add_parser("check", help="check that the shim intercepts")
     p_check.add_argument("--limit", type=int, required=True)
+    p_spin = sub.add_parser("spin", help="keep the GPU busy with kernels")
+    p_spin.add_argument("--kernel-us", type=int, default=2000)
+    p_spin.add_argument("--seconds", type=float, required=True)
     args = parser.parse_args(argv)
     try:
-        out = fill(args.chunk, args.max) if args.command == "fill" else check(args.limit)
+        if args.command == "fill":
+            out = fill(args.chunk, args.max)
+        elif args.command == "check":
+            out = check(args.limit)
+        else:
+            out = spin(args.kernel_us, args.seconds)
     except (OSError, CudaError, AttributeError) as exc:
         out = {"error": str(exc)}
     json.dump(out, sys.stdout)

@@ -238,3 +238,13 @@ void vcuda_context_reset_after_fork(void) {
     for (int i = 0; i < MAX_CONTEXTS; i++) atomic_store(&contexts[i].ctx, NULL);
     atomic_store(&context_high, 0);
 }
+
+int vcuda_contexts_snapshot(CUcontext *out, int max) {
+    int n = 0;
+    int high = atomic_load_explicit(&context_high, memory_order_acquire);
+    for (int i = 0; i < high && n < max; i++) {
+        CUcontext ctx = atomic_load_explicit(&contexts[i].ctx, memory_order_acquire);
+        if (ctx) out[n++] = ctx;
+    }
+    return n;
+}

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "compute.h"
 #include "context.h"
 #include "ledger.h"
 #include "log.h"
@@ -116,6 +117,7 @@ __attribute__((constructor)) static void vcuda_load(void) {
     vcuda_real_dlsym_init();
     vcuda_hooks_init();
     vcuda_process_init();
+    vcuda_compute_init();
     if (vcuda_log_threshold >= VCUDA_LOG_DEBUG) {
         char text[12288];
         vcuda_config_describe(text, sizeof text);

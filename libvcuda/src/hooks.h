@@ -67,7 +67,28 @@
     X(cuMipmappedArrayCreate,                                                                      \
       (CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels),       \
       (pHandle, desc, levels))                                                                     \
-    X(cuMipmappedArrayDestroy, (CUmipmappedArray hMipmappedArray), (hMipmappedArray))
+    X(cuMipmappedArrayDestroy, (CUmipmappedArray hMipmappedArray), (hMipmappedArray))               \
+    X(cuLaunchKernel, VCUDA_LAUNCH_PARAMS, VCUDA_LAUNCH_ARGS)                                       \
+    X(cuLaunchKernel_ptsz, VCUDA_LAUNCH_PARAMS, VCUDA_LAUNCH_ARGS)                                  \
+    X(cuLaunchKernelEx, (const CUlaunchConfig *config, CUfunction f, void **params, void **extra), \
+      (config, f, params, extra))                                                                  \
+    X(cuLaunchKernelEx_ptsz,                                                                       \
+      (const CUlaunchConfig *config, CUfunction f, void **params, void **extra),                   \
+      (config, f, params, extra))                                                                  \
+    X(cuLaunchCooperativeKernel, VCUDA_COOP_PARAMS, VCUDA_COOP_ARGS)                               \
+    X(cuLaunchCooperativeKernel_ptsz, VCUDA_COOP_PARAMS, VCUDA_COOP_ARGS)                          \
+    X(cuGraphLaunch, (CUgraphExec exec, CUstream stream), (exec, stream))                          \
+    X(cuGraphLaunch_ptsz, (CUgraphExec exec, CUstream stream), (exec, stream))
+
+#define VCUDA_LAUNCH_PARAMS                                                                        \
+    (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,             \
+     unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void **params,       \
+     void **extra)
+#define VCUDA_LAUNCH_ARGS (f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
+#define VCUDA_COOP_PARAMS                                                                          \
+    (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,             \
+     unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void **params)
+#define VCUDA_COOP_ARGS (f, gx, gy, gz, bx, by, bz, shared, stream, params)
 
 #define VCUDA_NVML_HOOKS(X)                                                                        \
     X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t *memory), (device, memory))      \
@@ -80,7 +101,10 @@
     X(cuCtxGetDevice, (CUdevice *dev))                                                             \
     X(cuStreamGetCtx, (CUstream stream, CUcontext *pctx))                                          \
     X(cuDeviceGetUuid_v2, (CUuuid *uuid, CUdevice dev))                                            \
-    X(cuDeviceGetUuid, (CUuuid *uuid, CUdevice dev))
+    X(cuDeviceGetUuid, (CUuuid *uuid, CUdevice dev))                                               \
+    X(cuCtxSynchronize, (void))                                                                    \
+    X(cuCtxPushCurrent_v2, (CUcontext ctx))                                                        \
+    X(cuCtxPopCurrent_v2, (CUcontext *pctx))
 
 #define VCUDA_NVML_USED(X)                                                                         \
     X(nvmlInit_v2, (void))                                                                         \

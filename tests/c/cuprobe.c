@@ -50,6 +50,11 @@ static struct {
     CUresult (*mipmap_destroy)(CUmipmappedArray);
     CUresult (*mem_get_info)(size_t *, size_t *);
     CUresult (*total_mem)(size_t *, CUdevice);
+    CUresult (*module_load)(CUmodule *, const void *);
+    CUresult (*module_function)(CUfunction *, CUmodule, const char *);
+    CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       CUstream, void **, void **);
+    CUresult (*ctx_sync)(void);
 } cu;
 
 /* name in the driver (dlsym door), base name (getProcAddress door), slot */
@@ -76,7 +81,11 @@ static struct {
     X("cuMipmappedArrayCreate", "cuMipmappedArrayCreate", mipmap_create)         \
     X("cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", mipmap_destroy)      \
     X("cuMemGetInfo_v2", "cuMemGetInfo", mem_get_info)                           \
-    X("cuDeviceTotalMem_v2", "cuDeviceTotalMem", total_mem)
+    X("cuDeviceTotalMem_v2", "cuDeviceTotalMem", total_mem)                      \
+    X("cuModuleLoadData", "cuModuleLoadData", module_load)                       \
+    X("cuModuleGetFunction", "cuModuleGetFunction", module_function)             \
+    X("cuLaunchKernel", "cuLaunchKernel", launch)                                \
+    X("cuCtxSynchronize", "cuCtxSynchronize", ctx_sync)
 
 #ifdef VIA_LINK
 /* Declared by their driver names, typed later through the table's slots. */
@@ -348,6 +357,24 @@ int main(int argc, char **argv) {
                 denied += sa[t].denied;
             }
             printf("stress rc=0 ops=%ld denied=%ld\n", ops, denied);
+        } else if (strcmp(c, "spin") == 0) {
+            /* kernels of `a` us for `b` ms of wall time, synchronising every `cc` launches */
+            CUmodule mod;
+            CUfunction fn;
+            r = cu.module_load(&mod, "spin");
+            if (r == CUDA_SUCCESS) r = cu.module_function(&fn, mod, "spin");
+            uint64_t us = a;
+            void *params[] = {&us};
+            long kernels = 0;
+            unsigned long long every = cc ? cc : 1;
+            double start = now_s(), end = start + (double)b / 1000.0;
+            while (r == CUDA_SUCCESS && now_s() < end) {
+                r = cu.launch(fn, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+                if (r == CUDA_SUCCESS && ++kernels % (long)every == 0) r = cu.ctx_sync();
+            }
+            if (r == CUDA_SUCCESS) r = cu.ctx_sync();
+            printf("spin rc=%d kernels=%ld busy_us=%llu wall_us=%.0f\n", r, kernels,
+                   (unsigned long long)kernels * a, (now_s() - start) * 1e6);
         } else if (strcmp(c, "fork") == 0) {
             /* the child allocates `a` bytes in a context of its own */
             pid_t pid = fork();

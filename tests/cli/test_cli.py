@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,8 @@ MiB = 1 << 20
 
 
 def vcuda(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if (not k.startswith("VCUDA_") or k == "VCUDA_LIB_DIR") and k != "LD_PRELOAD"}
+    keep = {"VCUDA_LIB_DIR"}  # where the libraries are; nothing else of a caller's vcuda setup
+    full = {k: v for k, v in os.environ.items() if (not k.startswith("VCUDA_") or k in keep) and k != "LD_PRELOAD"}
     full.update(env or {})
     return subprocess.run([sys.executable, "-m", "py_vcuda", *args], env=full, capture_output=True, text=True,
                           timeout=timeout)
@@ -71,6 +75,29 @@ def test_run_shares_a_ledger_and_removes_its_own(tmp_path: Path) -> None:
         assert dev.used == 0  # the process is gone and gave everything back
 
 
+@pytest.fixture
+def runtime_env() -> Iterator[dict[str, str]]:
+    """A private runtime dir; token schedulers started under it are stopped afterwards."""
+    short = Path(tempfile.mkdtemp(prefix="vc", dir="/tmp"))  # unix socket paths are limited to 107 bytes
+    yield {"XDG_RUNTIME_DIR": str(short)}
+    subprocess.run(["pkill", "-f", f"token_scheduler --gpu 0 --dir {short}/"], check=False)
+    shutil.rmtree(short, ignore_errors=True)
+
+
+def test_run_with_a_compute_quota(tmp_path: Path, runtime_env: dict[str, str]) -> None:
+    """--core starts (or reuses) the GPU's local scheduler and registers the run as a tenant."""
+    env = runtime_env
+    out = vcuda("run", "--simulate", "--sim-state", str(tmp_path / "sim"), "--core", "40", "--core-limit", "40",
+                "--", sys.executable, "-m", "py_vcuda.probe", "spin", "--seconds", "3", env=env)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert 0.3 <= result["busy_us"] / result["wall_us"] <= 0.5
+    out = vcuda("run", "--core", "50", "--core-limit", "20", "--", "true")
+    assert out.returncode == 2 and "below --core" in out.stderr
+    out = vcuda("run", "--core", "101", "--", "true")
+    assert out.returncode == 2 and "1-100" in out.stderr
+
+
 def test_run_passes_the_exit_status_through() -> None:
     assert vcuda("run", "--", sys.executable, "-c", "raise SystemExit(7)").returncode == 7
 
@@ -108,11 +135,12 @@ def test_version_rules() -> None:
     assert judge(None, runtimes)[0].level == "error"
 
 
-def test_demo_on_the_simulator() -> None:
-    out = vcuda("demo", "--simulate")
+def test_demo_on_the_simulator(runtime_env: dict[str, str]) -> None:
+    out = vcuda("demo", "--simulate", env=runtime_env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "simulator" in out.stdout
     assert "tenant-a" in out.stdout and "tenant-b" in out.stdout
+    assert "compute shares: configured vs achieved" in out.stdout
 
 
 def test_help_lists_the_commands() -> None:

@@ -1,0 +1,270 @@
+/* The token client (token_scheduler/PROTOCOL.md, "Client state machine").
+ *
+ * One client thread per process owns the connection. Launchers that find the
+ * gate closed wait on a condition variable (compute.h); the thread asks for
+ * the token, opens the gate on GRANT and, while holding, wakes every
+ * idle-check interval: a process that launched nothing since the last check
+ * and has no work left gives the token back at once; at the end of the
+ * quantum the gate closes, the thread waits for the process's own GPU work
+ * and releases with the real hold time (overrun included), asking again at
+ * once (MORE) when launchers are waiting. */
+#include "compute.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "context.h"
+#include "log.h"
+#include "real_driver.h"
+#include "zmtp.h"
+
+struct vcuda_gate vcuda_gate;
+
+enum { MSG_REQUEST = 1, MSG_GRANT = 2, MSG_RELEASE = 3, MSG_ERROR = 5 };
+enum { FLAG_MORE = 1 };
+enum { ERR_STALE_LEASE = 5, ERR_LEASE_EXPIRED = 6, ERR_TENANT_REMOVED = 9 };
+#define HEADER_LEN 16
+#define IDLE_CHECK_MIN_NS 1000000ull /* 1 ms */
+#define CONNECT_TIMEOUT_MS 1000
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t opened;  /* launchers wait here */
+    pthread_cond_t wanted;  /* the client thread waits here while idle */
+    bool started;
+    int waiters;            /* launchers blocked on the gate */
+    bool unthrottled;       /* scheduler lost under VCUDA_ON_SCHEDULER_LOSS=run */
+    struct vcuda_zmtp conn;
+    uint32_t seq;
+    uint64_t burst_ns;      /* EWMA of hold times, sent as the predicted burst */
+} client = {
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+    .opened = PTHREAD_COND_INITIALIZER,
+    .wanted = PTHREAD_COND_INITIALIZER,
+    .conn = {.fd = -1},
+};
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_until(uint64_t t) {
+    struct timespec ts = {.tv_sec = (time_t)(t / 1000000000ull), .tv_nsec = (long)(t % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {
+    }
+}
+
+static void put32(unsigned char *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+static void put64(unsigned char *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+static uint32_t get32(const unsigned char *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
+static uint64_t get64(const unsigned char *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
+
+static int send_msg(int type, int flags, uint64_t a, uint64_t b) {
+    unsigned char frame[HEADER_LEN + 16];
+    memcpy(frame, "VCTS", 4);
+    frame[4] = 1;
+    frame[5] = (unsigned char)type;
+    frame[6] = (unsigned char)flags;
+    frame[7] = 0;
+    put32(frame + 8, ++client.seq);
+    put32(frame + 12, 16);
+    if (type == MSG_REQUEST) {
+        put32(frame + 16, (uint32_t)getpid());
+        put32(frame + 20, 0);
+        put64(frame + 24, b);
+    } else {
+        put64(frame + 16, a);
+        put64(frame + 24, b);
+    }
+    return vcuda_zmtp_send(&client.conn, frame, sizeof frame);
+}
+
+/* Connects if needed; false when the scheduler cannot be reached now. */
+static bool connected(void) {
+    if (client.conn.fd >= 0) return true;
+    return vcuda_zmtp_connect(&client.conn, vcuda_config.scheduler, CONNECT_TIMEOUT_MS) == 0;
+}
+
+/* Waits for a GRANT; returns false when the connection is lost or the wait
+ * exceeded `timeout_ms`. */
+static bool wait_grant(uint64_t *lease, uint64_t *quantum_ns, int timeout_ms) {
+    uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        unsigned char buf[256];
+        size_t len = 0;
+        int left = (int)((deadline - now_ns()) / 1000000ull);
+        if (now_ns() >= deadline) return false;
+        int r = vcuda_zmtp_recv(&client.conn, buf, sizeof buf, &len, left > 0 ? left : 1);
+        if (r != 0) return false;
+        if (len < HEADER_LEN || memcmp(buf, "VCTS", 4) != 0) continue;
+        if (buf[5] == MSG_GRANT && len >= HEADER_LEN + 16) {
+            *lease = get64(buf + 16);
+            *quantum_ns = (uint64_t)get32(buf + 24) * 1000ull;
+            return true;
+        }
+        if (buf[5] == MSG_ERROR && len >= HEADER_LEN + 16) {
+            unsigned code = (unsigned)buf[16] | (unsigned)buf[17] << 8;
+            if (code == ERR_TENANT_REMOVED) vcuda_warn("the token scheduler removed this tenant");
+            else vcuda_debug("token scheduler error %u", code);
+            /* A lost or stale request: ask again. */
+            if (code == ERR_STALE_LEASE || code == ERR_LEASE_EXPIRED)
+                send_msg(MSG_REQUEST, 0, 0, client.burst_ns / 1000);
+        }
+    }
+}
+
+/* Waits until every context of this process has finished its work. */
+static void drain_own_work(void) {
+    CUcontext ctxs[64];
+    int n = vcuda_contexts_snapshot(ctxs, 64);
+    for (int i = 0; i < n; i++) {
+        CUcontext popped;
+        if (vcuda_real.cuCtxPushCurrent_v2(ctxs[i]) != CUDA_SUCCESS) continue;
+        vcuda_real.cuCtxSynchronize();
+        vcuda_real.cuCtxPopCurrent_v2(&popped);
+    }
+}
+
+static void set_gate(int open) {
+    pthread_mutex_lock(&client.lock);
+    atomic_store_explicit(&vcuda_gate.open, open, memory_order_release);
+    if (open) pthread_cond_broadcast(&client.opened);
+    pthread_mutex_unlock(&client.lock);
+}
+
+/* Holds the token until the quantum ends or the process goes idle; returns
+ * whether launchers are waiting for it again. */
+static bool hold(uint64_t lease, uint64_t quantum_ns) {
+    uint64_t receipt = now_ns();
+    uint64_t end = receipt + quantum_ns;
+    uint64_t check = quantum_ns / 4 > IDLE_CHECK_MIN_NS ? quantum_ns / 4 : IDLE_CHECK_MIN_NS;
+    atomic_store_explicit(&vcuda_gate.launched, 0, memory_order_relaxed);
+    set_gate(1);
+    for (;;) {
+        uint64_t t = now_ns();
+        uint64_t next = t + check < end ? t + check : end;
+        sleep_until(next);
+        if (next >= end) break;
+        if (!atomic_exchange_explicit(&vcuda_gate.launched, 0, memory_order_relaxed)) break; /* idle */
+    }
+    set_gate(0);
+    drain_own_work();
+    uint64_t held = now_ns() - receipt;
+    client.burst_ns = client.burst_ns ? (client.burst_ns * 3 + held) / 4 : held;
+    pthread_mutex_lock(&client.lock);
+    bool more = client.waiters > 0;
+    pthread_mutex_unlock(&client.lock);
+    send_msg(MSG_RELEASE, more ? FLAG_MORE : 0, lease, held);
+    return more;
+}
+
+/* Scheduler unreachable past VCUDA_SCHEDULER_TIMEOUT_MS. */
+static void on_loss(void) {
+    if (vcuda_config.on_scheduler_loss == VCUDA_LOSS_RUN) {
+        if (!client.unthrottled) vcuda_warn("token scheduler %s lost: launching unthrottled until it returns",
+                                            vcuda_config.scheduler);
+        client.unthrottled = true;
+        set_gate(1);
+    } else if (!client.unthrottled) {
+        vcuda_warn("token scheduler %s lost: launches wait for it (VCUDA_ON_SCHEDULER_LOSS=block)",
+                   vcuda_config.scheduler);
+        client.unthrottled = true; /* only to log once */
+    }
+}
+
+static void *client_main(void *arg) {
+    (void)arg;
+    bool requested = false;
+    uint64_t lost_since = 0, backoff_ms = 10;
+    for (;;) {
+        pthread_mutex_lock(&client.lock);
+        while (client.waiters == 0 && !requested) pthread_cond_wait(&client.wanted, &client.lock);
+        pthread_mutex_unlock(&client.lock);
+        if (!connected() || (!requested && send_msg(MSG_REQUEST, 0, 0, client.burst_ns / 1000) != 0)) {
+            requested = false;
+            if (lost_since == 0) lost_since = now_ns();
+            if (now_ns() - lost_since >= (uint64_t)vcuda_config.scheduler_timeout_ms * 1000000ull) on_loss();
+            sleep_until(now_ns() + backoff_ms * 1000000ull);
+            backoff_ms = backoff_ms * 2 > 500 ? 500 : backoff_ms * 2;
+            continue;
+        }
+        requested = true;
+        uint64_t lease = 0, quantum = 0;
+        if (!wait_grant(&lease, &quantum, 100)) {
+            if (client.conn.fd < 0) requested = false; /* connection lost: reconnect and ask again */
+            else if (lost_since == 0) lost_since = now_ns();
+            if (lost_since && now_ns() - lost_since >= (uint64_t)vcuda_config.scheduler_timeout_ms * 1000000ull)
+                on_loss();
+            continue;
+        }
+        if (client.unthrottled) {
+            vcuda_info("token scheduler %s is back", vcuda_config.scheduler);
+            client.unthrottled = false;
+        }
+        lost_since = 0;
+        backoff_ms = 10;
+        /* With MORE the scheduler queues us again itself. */
+        requested = hold(lease, quantum);
+    }
+    return NULL;
+}
+
+CUresult vcuda_gate_wait(void) {
+    CUresult rc = vcuda_driver_load();
+    if (rc != CUDA_SUCCESS) return rc;
+    if (vcuda_config.error[0]) return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&client.lock);
+    if (!client.started) {
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&thread, &attr, client_main, NULL) != 0) {
+            pthread_mutex_unlock(&client.lock);
+            vcuda_error("cannot start the token client thread; launching unthrottled");
+            atomic_store(&vcuda_gate.open, 1);
+            return CUDA_SUCCESS;
+        }
+        pthread_attr_destroy(&attr);
+        client.started = true;
+    }
+    client.waiters++;
+    pthread_cond_signal(&client.wanted);
+    while (!atomic_load_explicit(&vcuda_gate.open, memory_order_acquire))
+        pthread_cond_wait(&client.opened, &client.lock);
+    client.waiters--;
+    pthread_mutex_unlock(&client.lock);
+    return CUDA_SUCCESS;
+}
+
+static void after_fork_child(void) {
+    /* The client thread does not exist in the child; it starts its own. */
+    pthread_mutex_init(&client.lock, NULL);
+    pthread_cond_init(&client.opened, NULL);
+    pthread_cond_init(&client.wanted, NULL);
+    client.started = false;
+    client.waiters = 0;
+    client.unthrottled = false;
+    vcuda_zmtp_close(&client.conn);
+    vcuda_compute_init();
+}
+
+void vcuda_compute_init(void) {
+    static bool atfork_registered;
+    if (!atfork_registered) {
+        pthread_atfork(NULL, NULL, after_fork_child);
+        atfork_registered = true;
+    }
+    /* Without a scheduler nothing is limited: the gate stays open. */
+    bool limited = vcuda_config.scheduler[0] != '\0' && !vcuda_config.disabled;
+    atomic_store(&vcuda_gate.open, limited ? 0 : 1);
+    if (!limited && !vcuda_config.disabled && vcuda_config.core_limit < 100)
+        vcuda_warn("VCUDA_CORE_LIMIT=%d but no VCUDA_SCHEDULER: compute is not limited", vcuda_config.core_limit);
+}

@@ -1,0 +1,144 @@
+"""Compute quotas end to end: the shim's token client against a real token
+scheduler daemon, tenants' kernels on the simulator's shared timeline."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from shimtest import parse
+
+from token_scheduler.testing import AdminClient, spawn_daemon
+
+KERNEL_US = 2000
+SYNC_EVERY = 10
+
+
+@pytest.fixture
+def scheduler(tmp_path: Path) -> Iterator[AdminClient]:
+    directory = tmp_path / "sched"
+    daemon = spawn_daemon(directory, "--window", "2s")
+    admin = AdminClient(directory / "admin.sock")
+    try:
+        admin.wait_ready()
+        yield admin
+    finally:
+        admin.close()
+        daemon.kill()
+        daemon.wait()
+
+
+def tenant_env(shim: Path, sim_env: dict[str, str], tmp_path: Path, name: str, endpoint: str | None,
+               **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_")}
+    env.update(sim_env, LD_PRELOAD=str(shim), VCUDA_LEDGER=str(tmp_path / f"{name}.ledger"), **extra)
+    if endpoint:
+        env["VCUDA_SCHEDULER"] = endpoint
+    return env
+
+
+def spin(cuprobe: Path, env: dict[str, str], ms: int) -> subprocess.Popen:
+    return subprocess.Popen([str(cuprobe), "init", "ctx", f"spin:{KERNEL_US}:{ms}:{SYNC_EVERY}"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def busy_us(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, int]:
+    return run_spin(proc, timeout)[:2]
+
+
+def run_spin(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, int, str]:
+    out, err = proc.communicate(timeout=timeout)
+    line = next(d for d in parse(out) if d["cmd"] == "spin")
+    assert line["rc"] == "0", err
+    return int(line["busy_us"]), int(float(line["wall_us"])), err
+
+
+@pytest.mark.parametrize("requests", [(30, 70), (10, 20, 30, 40), (5, 5, 10, 10, 15, 15, 20, 20)],
+                         ids=["2-tenants", "4-tenants", "8-tenants"])
+def test_saturating_tenants_get_their_requests(scheduler: AdminClient, cuprobe: Path, shim: Path,
+                                               sim_env: dict[str, str], tmp_path: Path,
+                                               requests: tuple[int, ...]) -> None:
+    names = [f"t{i}" for i in range(len(requests))]
+    envs = [tenant_env(shim, sim_env, tmp_path, n, str(scheduler.call("add", tenant=n, request=r)["endpoint"]))
+            for n, r in zip(names, requests, strict=True)]
+    procs = [spin(cuprobe, env, 10_000) for env in envs]
+    results = [busy_us(p) for p in procs]
+    total = sum(b for b, _ in results)
+    wall = max(w for _, w in results)
+    shares = [100 * b / total for b, _ in results]
+    for want, got in zip(requests, shares, strict=True):
+        assert abs(got - want) <= 2.0, f"configured {requests}, achieved {[round(s, 2) for s in shares]}"
+    assert total / wall >= 0.9, f"GPU busy only {total / wall:.3f} of the time"
+
+
+def test_elastic_limit_next_to_an_idle_tenant(scheduler: AdminClient, cuprobe: Path, shim: Path,
+                                              sim_env: dict[str, str], tmp_path: Path) -> None:
+    a = scheduler.call("add", tenant="a", request=40, limit=70)["endpoint"]
+    scheduler.call("add", tenant="b", request=60)  # registered, idle
+    busy, wall = busy_us(spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "a", str(a)), 6000))
+    assert abs(100 * busy / wall - 70) <= 3.0, f"elastic tenant got {100 * busy / wall:.1f}% of the GPU"
+
+
+def test_live_update_takes_effect(scheduler: AdminClient, cuprobe: Path, shim: Path, sim_env: dict[str, str],
+                                  tmp_path: Path) -> None:
+    a = scheduler.call("add", tenant="a", request=50, limit=50)["endpoint"]
+    proc = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "a", str(a)), 8000)
+    time.sleep(4)
+    scheduler.call("update", tenant="a", request=20, limit=20)
+    busy, wall = busy_us(proc)
+    # about 4 s at 50 % and 4 s at 20 % (plus at most one window of transition)
+    assert 25 <= 100 * busy / wall <= 42
+
+
+def test_without_scheduler_nothing_is_limited(cuprobe: Path, shim: Path, sim_env: dict[str, str],
+                                              tmp_path: Path) -> None:
+    busy, wall = busy_us(spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "free", None), 1000))
+    assert busy / wall >= 0.9
+
+
+def test_lost_scheduler_with_run_policy(cuprobe: Path, shim: Path, sim_env: dict[str, str],
+                                        tmp_path: Path) -> None:
+    env = tenant_env(shim, sim_env, tmp_path, "x", f"ipc://{tmp_path}/absent.sock",
+                     VCUDA_SCHEDULER_TIMEOUT_MS="300", VCUDA_ON_SCHEDULER_LOSS="run")
+    busy, wall, err = run_spin(spin(cuprobe, env, 1500))
+    assert busy >= 0.5 * wall  # unthrottled once the 300 ms timeout passed
+    assert "launching unthrottled" in err
+
+
+def test_lost_scheduler_with_block_policy(cuprobe: Path, shim: Path, sim_env: dict[str, str],
+                                          tmp_path: Path) -> None:
+    env = tenant_env(shim, sim_env, tmp_path, "x", f"ipc://{tmp_path}/absent.sock",
+                     VCUDA_SCHEDULER_TIMEOUT_MS="300", VCUDA_ON_SCHEDULER_LOSS="block")
+    proc = spin(cuprobe, env, 500)
+    time.sleep(2.0)
+    assert proc.poll() is None, "a blocked tenant must not launch"
+    proc.kill()
+    _, err = proc.communicate()
+    assert "VCUDA_ON_SCHEDULER_LOSS=block" in err
+
+
+def test_scheduler_restart_is_survived(tmp_path: Path, cuprobe: Path, shim: Path,
+                                       sim_env: dict[str, str]) -> None:
+    directory = tmp_path / "sched"
+    daemon = spawn_daemon(directory, "--window", "2s")
+    admin = AdminClient(directory / "admin.sock")
+    admin.wait_ready()
+    endpoint = str(admin.call("add", tenant="a", request=50, limit=50)["endpoint"])
+    admin.close()
+    proc = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "a", endpoint), 6000)
+    try:
+        time.sleep(2)
+        daemon.kill()
+        daemon.wait()
+        time.sleep(0.5)
+        daemon = spawn_daemon(directory, "--window", "2s")  # restores the tenant list from disk
+        busy, wall = busy_us(proc)
+    finally:
+        daemon.kill()
+        daemon.wait()
+    # it kept running after the restart, and the 50 % limit still held
+    assert 30 <= 100 * busy / wall <= 55

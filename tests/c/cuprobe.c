@@ -375,6 +375,29 @@ int main(int argc, char **argv) {
             if (r == CUDA_SUCCESS) r = cu.ctx_sync();
             printf("spin rc=%d kernels=%ld busy_us=%llu wall_us=%.0f\n", r, kernels,
                    (unsigned long long)kernels * a, (now_s() - start) * 1e6);
+        } else if (strcmp(c, "bursts") == 0) {
+            /* one `a`-us kernel every `b` ms for `cc` ms: a latency-sensitive tenant */
+            CUmodule mod;
+            CUfunction fn;
+            r = cu.module_load(&mod, "burst");
+            if (r == CUDA_SUCCESS) r = cu.module_function(&fn, mod, "burst");
+            uint64_t us = a;
+            void *params[] = {&us};
+            long bursts = 0;
+            double start = now_s(), worst = 0, total = 0;
+            while (r == CUDA_SUCCESS && now_s() - start < (double)cc / 1000.0) {
+                double t0 = now_s();
+                r = cu.launch(fn, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+                if (r == CUDA_SUCCESS) r = cu.ctx_sync();
+                double took = now_s() - t0;
+                worst = took > worst ? took : worst;
+                total += took;
+                bursts++;
+                double next = start + bursts * (double)b / 1000.0;
+                if (next > now_s()) usleep((useconds_t)((next - now_s()) * 1e6));
+            }
+            printf("bursts rc=%d count=%ld worst_us=%.0f mean_us=%.0f\n", r, bursts, worst * 1e6,
+                   bursts ? total / bursts * 1e6 : 0.0);
         } else if (strcmp(c, "fork") == 0) {
             /* the child allocates `a` bytes in a context of its own */
             pid_t pid = fork();

@@ -142,3 +142,42 @@ def test_scheduler_restart_is_survived(tmp_path: Path, cuprobe: Path, shim: Path
         daemon.wait()
     # it kept running after the restart, and the 50 % limit still held
     assert 30 <= 100 * busy / wall <= 55
+
+
+def test_latency_sensitive_tenant_waits_at_most_a_quantum(scheduler: AdminClient, cuprobe: Path, shim: Path,
+                                                          sim_env: dict[str, str], tmp_path: Path) -> None:
+    """A mostly idle tenant with short bursts next to a saturating one: its token
+    wait p99 stays within one quantum (the scheduler's default maximum, 50 ms)."""
+    hog = scheduler.call("add", tenant="hog", request=50, limit=100)["endpoint"]
+    lat = scheduler.call("add", tenant="lat", request=50, limit=100)["endpoint"]
+    hog_proc = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "hog", str(hog)), 6000)
+    lat_proc = subprocess.Popen([str(cuprobe), "init", "ctx", "bursts:200:20:5000"],
+                                env=tenant_env(shim, sim_env, tmp_path, "lat", str(lat)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = lat_proc.communicate(timeout=60)
+    line = next(d for d in parse(out) if d["cmd"] == "bursts")
+    assert line["rc"] == "0", err
+    stats = scheduler.call("stats")["tenants"]
+    busy_us(hog_proc)
+    assert int(line["count"]) >= 200  # it kept its 20 ms rhythm
+    assert stats["lat"]["wait_us"]["p99"] <= 50_000 + 5_000
+    assert float(line["worst_us"]) <= 50_000 + 2 * 2000 + 10_000  # a quantum, a kernel in flight, handoffs
+
+
+def test_killed_holder_costs_at_most_its_lease(scheduler: AdminClient, cuprobe: Path, shim: Path,
+                                               sim_env: dict[str, str], tmp_path: Path) -> None:
+    import signal
+
+    a = scheduler.call("add", tenant="a", request=50, limit=100)["endpoint"]
+    b = scheduler.call("add", tenant="b", request=50, limit=100)["endpoint"]
+    pa = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "a", str(a)), 10_000)
+    pb = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "b", str(b)), 4000)
+    time.sleep(1.5)
+    pa.send_signal(signal.SIGKILL)  # while it holds the token about half the time
+    pa.wait()
+    busy, wall = busy_us(pb)
+    stats = scheduler.call("stats")["tenants"]
+    # b never waited longer than a lease (quantum + grace) plus 50 ms, and after the
+    # kill it had the GPU to itself
+    assert stats["b"]["wait_us"]["max"] <= 50_000 + 10_000 + 50_000
+    assert busy / wall >= 0.6

@@ -181,3 +181,20 @@ def test_killed_holder_costs_at_most_its_lease(scheduler: AdminClient, cuprobe: 
     # kill it had the GPU to itself
     assert stats["b"]["wait_us"]["max"] <= 50_000 + 10_000 + 50_000
     assert busy / wall >= 0.6
+
+
+def test_elastic_tenant_returns_to_its_request_when_the_other_wakes(scheduler: AdminClient, cuprobe: Path,
+                                                                    shim: Path, sim_env: dict[str, str],
+                                                                    tmp_path: Path) -> None:
+    a = scheduler.call("add", tenant="a", request=40, limit=70)["endpoint"]
+    b = scheduler.call("add", tenant="b", request=60)["endpoint"]
+    pa = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "a", str(a)), 9000)
+    time.sleep(3)
+    alone = scheduler.call("stats")["tenants"]["a"]["share"]
+    pb = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "b", str(b)), 5500)
+    time.sleep(5)  # more than one window (2 s) after b woke up
+    shares = scheduler.call("stats")["tenants"]
+    busy_us(pa), busy_us(pb)
+    assert abs(100 * alone - 70) <= 3
+    assert abs(100 * shares["a"]["share"] - 40) <= 2
+    assert abs(100 * shares["b"]["share"] - 60) <= 2

@@ -126,10 +126,20 @@ class Extender:
         if not request.containers:
             return [{"Host": n, "Score": 0} for n in node_names]
         results = self._evaluate(pod, request, node_names, reuse=True)
-        return [{"Host": n,
-                 "Score": to_priority(r.score, MAX_EXTENDER_PRIORITY)
-                 if isinstance(r := results[n], Placement) else 0}
-                for n in node_names]
+        # to_priority(score, MAX_EXTENDER_PRIORITY), memoised: many nodes share a score
+        priority: dict[float, int] = {}
+        out = []
+        for n in node_names:
+            r = results[n]
+            if isinstance(r, Placement):
+                score = r.score
+                p = priority.get(score)
+                if p is None:
+                    p = priority[score] = to_priority(score, MAX_EXTENDER_PRIORITY)
+                out.append({"Host": n, "Score": p})
+            else:
+                out.append({"Host": n, "Score": 0})
+        return out
 
     def bind(self, args: dict[str, Any]) -> dict[str, str]:
         name = field(args, "PodName") or ""
@@ -170,7 +180,7 @@ class Extender:
         with self._seen_lock:
             cached = self._seen.get(uid) if uid else None
         if (reuse and cached is not None and cached[1] == self.state.generation
-                and all(n in cached[2] for n in names)):
+                and all(map(cached[2].__contains__, names))):
             return cached[2]
         with self.state.lock:  # generation and results must match
             generation = self.state.generation

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -76,7 +76,7 @@ class GPU:
     """One GPU's capacity and current usage (mutated only by ``state`` under its lock)."""
 
     __slots__ = ("index", "uuid", "model", "memory", "used_cores", "used_memory", "tenants",
-                 "affinity", "anti_affinity", "exclusion")
+                 "affinity", "anti_affinity", "exclusion", "owners")
 
     def __init__(self, index: int, uuid: str, model: str, memory: int) -> None:
         self.index = index
@@ -90,6 +90,7 @@ class GPU:
         self.affinity: dict[str, int] = {}
         self.anti_affinity: dict[str, int] = {}
         self.exclusion: dict[str, int] = {}
+        self.owners: list[NodeGPUs] = []  # nodes whose GPU order ``add`` keeps current
 
     @property
     def free_cores(self) -> int:
@@ -113,6 +114,8 @@ class GPU:
                     counter[tag] = n
                 else:
                     del counter[tag]
+        for node in self.owners:
+            node.refresh()
 
     def describe(self) -> str:
         return (f"GPU{self.index} ({self.model}, {fmt_bytes(self.memory)}): "
@@ -121,9 +124,15 @@ class GPU:
 
 
 class NodeGPUs:
-    """A node's GPUs and NVLink map."""
+    """A node's GPUs and NVLink map.
 
-    __slots__ = ("name", "gpus", "nvlink", "by_uuid")
+    ``orders`` holds what the one-fractional-container fast path needs and no
+    request changes: the GPUs in binpack and in spread preference order, and the
+    node's used cores. ``GPU.add`` refreshes it on every usage change (a sort of
+    the node's few GPUs), so a request re-derives nothing for the nodes it reads.
+    """
+
+    __slots__ = ("name", "gpus", "nvlink", "by_uuid", "orders")
 
     def __init__(self, name: str, gpus: Sequence[GPU],
                  nvlink: dict[tuple[int, int], int] | None = None) -> None:
@@ -131,11 +140,35 @@ class NodeGPUs:
         self.gpus = list(gpus)
         self.nvlink = dict(nvlink or {})
         self.by_uuid = {g.uuid: g for g in self.gpus}
+        for g in self.gpus:
+            g.owners.append(self)
+        self.orders: tuple[list[GPU] | None, list[GPU], int] = self._orders()
 
     @classmethod
     def from_topology(cls, name: str, topo: NodeTopology) -> NodeGPUs:
         gpus = [GPU(g.index, g.uuid, g.model, g.memory) for g in topo.gpus]
         return cls(name, gpus, topo.nvlink)
+
+    def refresh(self) -> None:
+        """Recompute ``orders`` after a GPU's usage changed."""
+        self.orders = self._orders()
+
+    def _orders(self) -> tuple[list[GPU] | None, list[GPU], int]:
+        """(binpack order or None, spread order, used cores).
+
+        Binpack prefers used GPUs, then the fewest free cores, then the least free
+        memory relative to the card's size, then the index. Subtracting the request
+        keeps that order only if all cards have the same memory, so a node with mixed
+        cards gets None and the fast path scans all of its GPUs instead. Spread's key
+        (used cores, used memory fraction, index) never depends on the request.
+        """
+        gpus = self.gpus
+        binpack = None
+        if all(g.memory == gpus[0].memory for g in gpus):
+            binpack = sorted(gpus, key=lambda g: (0 if g.tenants else 1, -g.used_cores,
+                                                  -g.used_memory, g.index))
+        spread = sorted(gpus, key=lambda g: (g.used_cores, g.used_memory / g.memory, g.index))
+        return binpack, spread, sum(g.used_cores for g in gpus)
 
     def links(self, a: int, b: int) -> int:
         return self.nvlink.get((a, b) if a < b else (b, a), 0)
@@ -227,13 +260,20 @@ Overlay = dict[int, list[int]]  # GPU index -> [cores, memory] this pod already 
 
 def place(node: NodeGPUs, pod: PodRequest) -> Placement | Unfit:
     """Place every container of ``pod`` on ``node`` or say why it cannot be."""
+    return placer(pod)(node)
+
+
+def placer(pod: PodRequest) -> Callable[[NodeGPUs], Placement | Unfit]:
+    """``place`` for one pod, with the per-pod checks done once (for many nodes)."""
     if not pod.containers:
-        return Placement(node.name, (), 0.5, 0)
+        return lambda node: Placement(node.name, (), 0.5, 0)
     if (len(pod.containers) == 1 and not pod.containers[0].whole_cards
             and not pod.model_include and not pod.model_exclude):
-        fast = _place_single(node, pod, pod.containers[0])
-        if fast is not None:
-            return fast
+        return _single_placer(pod, pod.containers[0])
+    return lambda node: _place_general(node, pod)
+
+
+def _place_general(node: NodeGPUs, pod: PodRequest) -> Placement | Unfit:
     eligible: list[GPU] = []
     excluded: list[str] = []
     for g in node.gpus:
@@ -281,42 +321,63 @@ def place(node: NodeGPUs, pod: PodRequest) -> Placement | Unfit:
     return Placement(node.name, containers, score, opened)
 
 
-def _place_single(node: NodeGPUs, pod: PodRequest, c: ContainerRequest) -> Placement | None:
+def _single_placer(pod: PodRequest, c: ContainerRequest) -> Callable[[NodeGPUs], Placement | Unfit]:
     """Fast path for the common pod: one fractional container, no model filter.
 
-    Same choice and score as the general path, in one pass over the GPUs and without
-    building an overlay; returns None when nothing fits so the slow path can explain.
+    Same choice and score as the general path. The GPUs are walked in the node's
+    preference order (``NodeGPUs.orders``), so the first one that fits is
+    the choice and usually only a card or two is looked at; nodes with mixed card
+    sizes under binpack are scanned in full. When nothing fits, the general path
+    explains why.
     """
-    cores, memory, tags = c.cores, c.memory, pod.tags
+    cores, memory, tags, name = c.cores, c.memory, pod.tags, c.name
     has_tags = bool(tags)
     binpack = pod.policy is Policy.BINPACK
-    best: GPU | None = None
-    best_key: tuple[float, ...] = ()
-    used_total = 0
-    for g in node.gpus:
-        used_c = g.used_cores
-        used_total += used_c
-        free_c = CORES_PER_GPU - used_c
-        free_m = g.memory - g.used_memory
-        if free_c < cores or free_m < memory:
-            continue
-        if (has_tags or g.affinity) and tag_conflict(g, tags) is not None:
-            continue
+
+    def run(node: NodeGPUs) -> Placement | Unfit:
+        binpack_order, spread_order, used_total = node.orders
+        chosen: GPU | None = None
+        order = binpack_order if binpack else spread_order
+        if order is not None:
+            for g in order:
+                if (CORES_PER_GPU - g.used_cores >= cores and g.memory - g.used_memory >= memory
+                        and not ((has_tags or g.affinity) and tag_conflict(g, tags) is not None)):
+                    chosen = g
+                    break
+        else:  # binpack on a node with mixed card sizes: the key depends on the request
+            best_key: tuple[float, ...] = ()
+            for g in node.gpus:
+                free_c = CORES_PER_GPU - g.used_cores
+                free_m = g.memory - g.used_memory
+                if free_c < cores or free_m < memory:
+                    continue
+                if (has_tags or g.affinity) and tag_conflict(g, tags) is not None:
+                    continue
+                key = (0 if g.tenants else 1, free_c - cores, (free_m - memory) / g.memory, g.index)
+                if chosen is None or key < best_key:
+                    chosen, best_key = g, key
+        if chosen is None:
+            return _place_general(node, pod)
+        # _policy_score with one touched GPU, spelled out (same arithmetic; the
+        # conditional expressions are max() and min() without the calls)
+        util = (chosen.used_cores + cores) / CORES_PER_GPU
+        util_m = (chosen.used_memory + memory) / chosen.memory
+        if util_m > util:
+            util = util_m
+        if util > 1.0:
+            util = 1.0
+        node_util = (used_total + cores) / (CORES_PER_GPU * len(node.gpus))
+        if node_util > 1.0:
+            node_util = 1.0
+        opened = 0 if chosen.tenants else 1
         if binpack:
-            key: tuple[float, ...] = (0 if g.tenants else 1, free_c - cores,
-                                      (free_m - memory) / g.memory, g.index)
+            score = 0.5 * (opened == 0) + 0.3 * util + 0.19 * node_util
         else:
-            key = (used_c, g.used_memory / g.memory, g.index)
-        if best is None or key < best_key:
-            best, best_key = g, key
-    if best is None:
-        return None
-    util = max((best.used_cores + cores) / CORES_PER_GPU, (best.used_memory + memory) / best.memory)
-    node_util = (used_total + cores) / (CORES_PER_GPU * len(node.gpus))
-    opened = 0 if best.tenants else 1
-    score = _policy_score(pod.policy, opened, [util], node_util)
-    share = Share(best.index, best.uuid, cores, memory)
-    return Placement(node.name, ((c.name, (share,)),), score, opened)
+            score = 0.6 * (1.0 - util) + 0.39 * (1.0 - node_util)
+        share = Share(chosen.index, chosen.uuid, cores, memory)
+        return Placement(node.name, ((name, (share,)),), score, opened)
+
+    return run
 
 
 def _gpu(gpus: Sequence[GPU], index: int) -> GPU:

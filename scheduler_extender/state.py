@@ -19,7 +19,7 @@ from typing import Any
 
 from .assignment import AssignmentError, decode
 from .names import Names
-from .placement import NodeGPUs, Placement, PodRequest, Tags, Unfit, place
+from .placement import NodeGPUs, Placement, PodRequest, Tags, Unfit, place, placer
 from .podspec import is_terminal, pod_ref, pod_tags, pod_uid
 from .topology import NodeTopology, TopologyError
 from .topology import decode as decode_topology
@@ -179,9 +179,10 @@ class ClusterState:
             self._expire()
             out: dict[str, Placement | Unfit] = {}
             nodes = self._nodes
+            run = placer(pod)
             for name in node_names:
                 node = nodes.get(name)
-                out[name] = place(node, pod) if node is not None else self._unknown(name)
+                out[name] = run(node) if node is not None else self._unknown(name)
             return out
 
     def reserve(self, uid: str, ref: str, pod: PodRequest, node_name: str) -> Placement | Unfit:

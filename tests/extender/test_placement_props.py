@@ -166,18 +166,35 @@ def test_spread_picks_least_loaded_fitting_gpu(sequence: list[tuple[int, int]]) 
 
 @SETTINGS
 @given(st.lists(st.tuples(st.sampled_from([A100, T4]), st.integers(0, 90),
-                          st.integers(0, 15), tag, tag), min_size=1, max_size=8),
-       fraction, st.sampled_from(list(Policy)), tag, tag)
-def test_fast_path_agrees_with_general_path(gpus, request, policy, affinity, exclusion) -> None:
+                          st.integers(0, 15), tag, tag, tag), min_size=1, max_size=8),
+       fraction, st.sampled_from(list(Policy)), tag, tag, tag,
+       st.lists(st.tuples(st.integers(0, 7), st.integers(1, 60), st.integers(0, 15), tag),
+                max_size=6))
+def test_fast_path_agrees_with_general_path(gpus, request, policy, affinity, anti, exclusion,
+                                            changes) -> None:
     from scheduler_extender.placement import NodeGPUs, Unfit, place
 
     node = NodeGPUs.from_topology("n", topology("n", [model for model, *_ in gpus]))
-    for g, (_, cores, mem_gib, aff, exc) in zip(node.gpus, gpus, strict=True):
+    for g, (_, cores, mem_gib, aff, ant, exc) in zip(node.gpus, gpus, strict=True):
         if cores:
-            g.add(cores, mem_gib * GiB, Tags(affinity=aff, exclusion=exc))
-    tags = Tags(affinity=affinity, exclusion=exclusion)
+            g.add(cores, mem_gib * GiB, Tags(aff, ant, exc))
+    tags = Tags(affinity, anti, exclusion)
     pod = PodRequest((ContainerRequest("c", *request),), policy, tags=tags)
     # a model filter that excludes nothing forces the general path
-    general = place(node, PodRequest(pod.containers, policy, (), ("no-such-gpu",), tags))
-    fast = place(node, pod)
-    assert fast == general or (isinstance(fast, Unfit) and isinstance(general, Unfit))
+    slow = PodRequest(pod.containers, policy, (), ("no-such-gpu",), tags)
+
+    def agree() -> None:
+        general = place(node, slow)
+        fast = place(node, pod)
+        assert fast == general or (isinstance(fast, Unfit) and isinstance(general, Unfit))
+
+    agree()
+    # usage changing between requests must not leave the fast path's cached order stale
+    for index, cores, mem_gib, aff in changes:
+        g = node.gpus[index % len(node.gpus)]
+        if g.used_cores + cores <= 100 and g.used_memory + mem_gib * GiB <= g.memory:
+            g.add(cores, mem_gib * GiB, Tags(affinity=aff))
+            agree()
+            if cores % 2:
+                g.add(cores, mem_gib * GiB, Tags(affinity=aff), -1)
+                agree()

@@ -19,7 +19,7 @@ HOOKED = {"cuInit", "cuMemAlloc", "cuMemFree", "cuMemAllocManaged", "cuMemAllocA
           "cuArrayCreate", "cuArray3DCreate", "cuArrayDestroy", "cuMipmappedArrayCreate",
           "cuMipmappedArrayDestroy", "cuMemGetInfo", "cuDeviceTotalMem", "cuDevicePrimaryCtxRetain",
           "cuDevicePrimaryCtxRelease", "cuCtxDestroy", "cuMemAllocPitch", "cuCtxCreate",
-          "cuGetProcAddress"}
+          "cuGetProcAddress", "cuLaunchKernel"}
 PASSED_THROUGH = {"cuCtxSetCurrent", "cuStreamSynchronize", "cuDeviceGetDefaultMemPool"}
 
 

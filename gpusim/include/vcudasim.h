@@ -1,0 +1,95 @@
+/* vcudasim: introspection of the vcuda GPU simulator's shared state.
+ *
+ * Exported by libvcuda-sim-cuda.so (py_vcuda/sim.py reads it through cffi).
+ * Reading never needs cuInit and never attaches the caller as a GPU process.
+ *
+ * Simulator conventions other components rely on:
+ *  - Kernel duration: a launch runs for the microseconds in the uint64_t that
+ *    kernelParams[0] points to, or in the first 8 bytes of the
+ *    CU_LAUNCH_PARAM_BUFFER_POINTER buffer when `extra` is used (0 without
+ *    parameters). Grid and block sizes do not matter. Kernels of all
+ *    processes on one device run one after another (FIFO by launch).
+ *  - Busy time is charged when a kernel is queued, for its full duration.
+ *  - Memory charged: cuMemAlloc* exactly the bytes asked (pitch: pitch*Height,
+ *    pitch = WidthInBytes rounded up to 512); managed and stream-ordered
+ *    allocations in full, at once; cuMemCreate its size (multiple of 2 MiB),
+ *    returned once released and unmapped; each context the configured
+ *    overhead. CUDA arrays: Width * max(Height,1) * max(Depth,1) *
+ *    NumChannels * element size (1: [UN]SIGNED_INT8, UNORM/SNORM_INT8X*,
+ *    UNORM_INT_101010_2; 2: [UN]SIGNED_INT16, HALF, UNORM/SNORM_INT16X*;
+ *    4: [UN]SIGNED_INT32, FLOAT; other formats are refused with
+ *    CUDA_ERROR_NOT_SUPPORTED); mipmapped arrays: the sum over levels
+ *    0..n-1 with each nonzero dimension max(1, d >> level).
+ *  - cuCtxDestroy (and a primary context's last release or reset) frees
+ *    every allocation and array made in that context; VMM handles are
+ *    per process and survive it.
+ *  - A process's memory is returned when it exits or dies (pid + start time
+ *    identify it). */
+#ifndef VCUDASIM_H
+#define VCUDASIM_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define VCUDASIM_API_VERSION 1
+
+typedef struct vcudasim_state vcudasim_state; /* an open state file */
+
+typedef struct vcudasim_config {
+    uint32_t devices;
+    uint32_t max_pending;    /* queued kernels per stream before a launch blocks */
+    int32_t driver_version;  /* e.g. 13000 */
+    uint64_t context_overhead; /* bytes charged per context */
+} vcudasim_config;
+
+typedef struct vcudasim_device {
+    uint32_t index;          /* physical index (CUDA_VISIBLE_DEVICES not applied) */
+    uint32_t processes;      /* live processes holding memory or a context on it */
+    char uuid[96];
+    char name[96];
+    uint64_t capacity;       /* bytes */
+    uint64_t used;           /* bytes, live processes only */
+    uint64_t busy_ns;        /* all kernels ever queued, dead processes included */
+    uint64_t kernels;        /* likewise */
+    uint64_t busy_until_ns;  /* CLOCK_MONOTONIC end of the last queued kernel */
+} vcudasim_device;
+
+typedef struct vcudasim_process {
+    int32_t pid;
+    uint32_t contexts;
+    uint64_t used;           /* bytes on this device, contexts included */
+    uint64_t busy_ns;        /* kernel time queued on this device */
+    uint64_t kernels;
+} vcudasim_process;
+
+int vcudasim_api_version(void);
+
+/* Opens the state file at path (NULL: $VCUDA_SIM_STATE or
+ * /tmp/vcuda-sim-$UID/state). create != 0 creates it from VCUDA_SIM_* if
+ * missing. NULL on failure; vcudasim_last_error() says why. */
+vcudasim_state *vcudasim_open(const char *path, int create);
+void vcudasim_close(vcudasim_state *st);
+const char *vcudasim_last_error(void); /* this thread's last failure */
+
+int vcudasim_get_config(vcudasim_state *st, vcudasim_config *out);
+
+/* Device stats; -1 for a bad index. Reclaims dead processes first. */
+int vcudasim_device_info(vcudasim_state *st, unsigned dev, vcudasim_device *out);
+
+/* Live processes that hold memory or a context on dev, or ran kernels on it.
+ * Fills up to cap entries; returns how many there are (-1: bad index). */
+int vcudasim_processes(vcudasim_state *st, unsigned dev, vcudasim_process *out, int cap);
+
+/* Busy nanoseconds of dev within (now - window_ns, now]: what NVML's
+ * utilization uses, with window_ns = 1 s. */
+uint64_t vcudasim_busy_in_window(vcudasim_state *st, unsigned dev, uint64_t window_ns);
+
+uint64_t vcudasim_now_ns(void); /* CLOCK_MONOTONIC, the timeline's clock */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* VCUDASIM_H */

@@ -1,0 +1,121 @@
+/* VCUDA_SIM_* configuration, read once when a process creates the state file.
+ * Later processes take the configuration from the file, not from their env. */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "sim.h"
+
+/* Bytes or a Kubernetes-style quantity: 512Mi, 16Gi, 4G, 1.5Gi, 1024k. */
+int sim_parse_quantity(const char *s, uint64_t *out)
+{
+    static const struct { const char *suffix; double mult; } units[] = {
+        {"Ki", 1024.0}, {"Mi", 1048576.0}, {"Gi", 1073741824.0},
+        {"Ti", 1099511627776.0}, {"k", 1e3}, {"K", 1e3}, {"M", 1e6},
+        {"G", 1e9}, {"T", 1e12}, {"", 1.0},
+    };
+    if (!s || !*s || *s == '-' || isspace((unsigned char)*s))
+        return -1;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0)
+        return -1;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].suffix) == 0) {
+            double b = v * units[i].mult;
+            if (b >= 18446744073709551615.0)
+                return -1;
+            *out = (uint64_t)b;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int env_u64(const char *name, uint64_t dflt, uint64_t *out, char *err, size_t errlen)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) {
+        *out = dflt;
+        return 0;
+    }
+    if (sim_parse_quantity(v, out) != 0) {
+        snprintf(err, errlen, "%s=%s is not a number or quantity (like 512Mi, 16Gi)", name, v);
+        return -1;
+    }
+    return 0;
+}
+
+/* Splits a comma list into fixed slots; missing entries keep their default. */
+static void split_list(const char *list, char dst[][SIM_STR], unsigned n)
+{
+    if (!list || !*list)
+        return;
+    const char *p = list;
+    for (unsigned i = 0; i < n && p; i++) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len > 0) {
+            if (len >= SIM_STR)
+                len = SIM_STR - 1;
+            memcpy(dst[i], p, len);
+            dst[i][len] = '\0';
+        }
+        p = comma ? comma + 1 : NULL;
+    }
+}
+
+int sim_config_from_env(struct sim_config *cfg, char *err, size_t errlen)
+{
+    uint64_t ndev, max_pending, driver;
+    memset(cfg, 0, sizeof *cfg);
+    if (env_u64("VCUDA_SIM_DEVICES", 1, &ndev, err, errlen) ||
+        env_u64("VCUDA_SIM_MEMORY", 16ull << 30, &cfg->memory, err, errlen) ||
+        env_u64("VCUDA_SIM_CONTEXT_OVERHEAD", 64ull << 20, &cfg->ctx_overhead, err, errlen) ||
+        env_u64("VCUDA_SIM_DRIVER_VERSION", 13000, &driver, err, errlen) ||
+        env_u64("VCUDA_SIM_MAX_PENDING", 1024, &max_pending, err, errlen))
+        return -1;
+    if (ndev < 1 || ndev > SIM_MAX_DEVICES) {
+        snprintf(err, errlen, "VCUDA_SIM_DEVICES must be 1..%d", SIM_MAX_DEVICES);
+        return -1;
+    }
+    if (max_pending < 1 || max_pending > 1u << 20) {
+        snprintf(err, errlen, "VCUDA_SIM_MAX_PENDING must be 1..1048576");
+        return -1;
+    }
+    if (driver > 1000000) {
+        snprintf(err, errlen, "VCUDA_SIM_DRIVER_VERSION must look like 13000");
+        return -1;
+    }
+    cfg->ndev = (uint32_t)ndev;
+    cfg->max_pending = (uint32_t)max_pending;
+    cfg->driver_version = (int32_t)driver;
+    for (unsigned i = 0; i < cfg->ndev; i++) {
+        /* Deterministic, real-looking UUIDs: GPU-5157a0c0-0000-4000-8000-00000000000<i>. */
+        snprintf(cfg->uuid[i], SIM_STR, "GPU-5157a0c0-%04x-4000-8000-%012x", i, i);
+        snprintf(cfg->name[i], SIM_STR, "vcuda simulated GPU");
+    }
+    split_list(getenv("VCUDA_SIM_UUIDS"), cfg->uuid, cfg->ndev);
+    split_list(getenv("VCUDA_SIM_NAMES"), cfg->name, cfg->ndev);
+    /* A single name applies to every device. */
+    const char *names = getenv("VCUDA_SIM_NAMES");
+    if (names && *names && !strchr(names, ','))
+        for (unsigned i = 1; i < cfg->ndev; i++)
+            memcpy(cfg->name[i], cfg->name[0], SIM_STR);
+    return 0;
+}
+
+const char *sim_state_path(char *buf, size_t len)
+{
+    const char *p = getenv("VCUDA_SIM_STATE");
+    if (p && *p)
+        snprintf(buf, len, "%s", p);
+    else
+        snprintf(buf, len, "/tmp/vcuda-sim-%u/state", (unsigned)getuid());
+    return buf;
+}

@@ -1,0 +1,130 @@
+/* The vcudasim_* introspection API (include/vcudasim.h). */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim.h"
+#include "vcudasim.h"
+
+#define VS_EXPORT __attribute__((visibility("default")))
+
+struct vcudasim_state {
+    struct sim_shared *sh;
+};
+
+static _Thread_local char last_error[1024];
+
+VS_EXPORT int vcudasim_api_version(void)
+{
+    return VCUDASIM_API_VERSION;
+}
+
+VS_EXPORT const char *vcudasim_last_error(void)
+{
+    return last_error;
+}
+
+VS_EXPORT vcudasim_state *vcudasim_open(const char *path, int create)
+{
+    char buf[4096];
+    if (!path)
+        path = sim_state_path(buf, sizeof buf);
+    struct sim_shared *sh = sim_state_open(path, create != 0, last_error, sizeof last_error);
+    if (!sh)
+        return NULL;
+    vcudasim_state *st = malloc(sizeof *st);
+    if (!st) {
+        sim_state_close(sh);
+        snprintf(last_error, sizeof last_error, "out of memory");
+        return NULL;
+    }
+    st->sh = sh;
+    return st;
+}
+
+VS_EXPORT void vcudasim_close(vcudasim_state *st)
+{
+    if (st) {
+        sim_state_close(st->sh);
+        free(st);
+    }
+}
+
+VS_EXPORT int vcudasim_get_config(vcudasim_state *st, vcudasim_config *out)
+{
+    if (!st || !out)
+        return -1;
+    *out = (vcudasim_config){.devices = st->sh->ndev,
+                             .max_pending = st->sh->max_pending,
+                             .driver_version = st->sh->driver_version,
+                             .context_overhead = st->sh->ctx_overhead};
+    return 0;
+}
+
+static bool proc_on(const struct sim_proc *p, unsigned d)
+{
+    return p->pid && (p->used[d] || p->contexts[d] || p->kernels[d]);
+}
+
+VS_EXPORT int vcudasim_device_info(vcudasim_state *st, unsigned dev, vcudasim_device *out)
+{
+    if (!st || !out || dev >= st->sh->ndev)
+        return -1;
+    struct sim_shared *sh = st->sh;
+    const struct sim_device *d = &sh->dev[dev];
+    memset(out, 0, sizeof *out);
+    sim_lock(sh);
+    sim_reap_dead(sh);
+    out->index = dev;
+    memcpy(out->uuid, d->uuid, sizeof out->uuid);
+    memcpy(out->name, d->name, sizeof out->name);
+    out->capacity = d->capacity;
+    out->used = sim_device_used(sh, dev);
+    out->busy_ns = d->busy_ns;
+    out->kernels = d->kernels;
+    out->busy_until_ns = d->busy_until_ns;
+    for (uint32_t i = 0; i < sh->nproc_hw; i++)
+        if (proc_on(&sh->proc[i], dev) && (sh->proc[i].used[dev] || sh->proc[i].contexts[dev]))
+            out->processes++;
+    sim_unlock(sh);
+    return 0;
+}
+
+VS_EXPORT int vcudasim_processes(vcudasim_state *st, unsigned dev, vcudasim_process *out,
+                                 int cap)
+{
+    if (!st || dev >= st->sh->ndev || cap < 0 || (cap > 0 && !out))
+        return -1;
+    struct sim_shared *sh = st->sh;
+    int n = 0;
+    sim_lock(sh);
+    sim_reap_dead(sh);
+    for (uint32_t i = 0; i < sh->nproc_hw; i++) {
+        const struct sim_proc *p = &sh->proc[i];
+        if (!proc_on(p, dev))
+            continue;
+        if (n < cap)
+            out[n] = (vcudasim_process){.pid = p->pid, .contexts = p->contexts[dev],
+                                        .used = p->used[dev], .busy_ns = p->busy_ns[dev],
+                                        .kernels = p->kernels[dev]};
+        n++;
+    }
+    sim_unlock(sh);
+    return n;
+}
+
+VS_EXPORT uint64_t vcudasim_busy_in_window(vcudasim_state *st, unsigned dev, uint64_t window_ns)
+{
+    if (!st || dev >= st->sh->ndev)
+        return 0;
+    sim_lock(st->sh);
+    uint64_t busy = sim_utilization_window(st->sh, dev, sim_now_ns(), window_ns);
+    sim_unlock(st->sh);
+    return busy;
+}
+
+VS_EXPORT uint64_t vcudasim_now_ns(void)
+{
+    return sim_now_ns();
+}

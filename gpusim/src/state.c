@@ -1,0 +1,277 @@
+/* The shared state file: creation, validation, the robust lock, process slots
+ * and reclaiming what dead processes held (as a real driver does at exit). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sim.h"
+
+static void init_shared(struct sim_shared *sh, const struct sim_config *cfg)
+{
+    memset(sh, 0, sizeof *sh);
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&sh->lock, &a);
+    pthread_mutexattr_destroy(&a);
+    sh->version = SIM_VERSION;
+    sh->size = (uint32_t)sizeof *sh;
+    sh->ndev = cfg->ndev;
+    sh->max_pending = cfg->max_pending;
+    sh->ctx_overhead = cfg->ctx_overhead;
+    sh->driver_version = cfg->driver_version;
+    sh->next_addr = SIM_ADDR_BASE;
+    for (unsigned i = 0; i < cfg->ndev; i++) {
+        memcpy(sh->dev[i].uuid, cfg->uuid[i], SIM_STR);
+        memcpy(sh->dev[i].name, cfg->name[i], SIM_STR);
+        sh->dev[i].capacity = cfg->memory;
+    }
+    /* Readers check the magic after taking the flock; the release store keeps
+     * a crashed creator's half-written file recognisable (magic still 0). */
+    __atomic_store_n(&sh->magic, SIM_MAGIC, __ATOMIC_RELEASE);
+}
+
+static int make_parent_dir(const char *path)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir)
+        return 0;
+    *slash = '\0';
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+struct sim_shared *sim_state_open(const char *path, bool create, char *err, size_t errlen)
+{
+    if (create && make_parent_dir(path) != 0) {
+        snprintf(err, errlen, "cannot create the directory of %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    int fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0600);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct sim_shared *sh = NULL;
+    /* The flock serialises creation; a creator killed midway releases it and
+     * leaves magic 0, so the next opener initialises the file again. */
+    if (flock(fd, LOCK_EX) != 0) {
+        snprintf(err, errlen, "cannot lock %s: %s", path, strerror(errno));
+        goto out;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        snprintf(err, errlen, "cannot stat %s: %s", path, strerror(errno));
+        goto out;
+    }
+    bool fresh = st.st_size == 0;
+    if (fresh || (size_t)st.st_size == sizeof *sh) {
+        if (fresh && ftruncate(fd, sizeof *sh) != 0) {
+            snprintf(err, errlen, "cannot size %s: %s", path, strerror(errno));
+            goto out;
+        }
+    } else if ((size_t)st.st_size < 16) {
+        snprintf(err, errlen, "%s is not a vcuda simulator state file (%lld bytes)", path,
+                 (long long)st.st_size);
+        goto out;
+    }
+    size_t maplen = fresh ? sizeof *sh : (size_t)st.st_size;
+    void *m = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        snprintf(err, errlen, "cannot map %s: %s", path, strerror(errno));
+        goto out;
+    }
+    sh = m;
+    uint64_t magic = __atomic_load_n(&sh->magic, __ATOMIC_ACQUIRE);
+    if (magic == 0 && maplen == sizeof *sh) {
+        struct sim_config cfg;
+        char cerr[256];
+        if (sim_config_from_env(&cfg, cerr, sizeof cerr) != 0) {
+            snprintf(err, errlen, "bad simulator configuration: %s", cerr);
+            munmap(m, maplen);
+            sh = NULL;
+            goto out;
+        }
+        init_shared(sh, &cfg);
+    } else if (magic != SIM_MAGIC) {
+        snprintf(err, errlen, "%s is not a vcuda simulator state file (bad magic)", path);
+        munmap(m, maplen);
+        sh = NULL;
+    } else if (sh->version != SIM_VERSION || sh->size != sizeof *sh || maplen != sizeof *sh) {
+        snprintf(err, errlen,
+                 "%s has simulator state version %u (%u bytes); this library needs "
+                 "version %u (%zu bytes): remove the file or use another VCUDA_SIM_STATE",
+                 path, sh->version, sh->size, SIM_VERSION, sizeof *sh);
+        munmap(m, maplen);
+        sh = NULL;
+    }
+out:
+    /* The mapping keeps the open file description, and with it the flock, alive
+     * after close(): unlock explicitly, or the next opener waits forever. */
+    flock(fd, LOCK_UN);
+    close(fd);
+    return sh;
+}
+
+void sim_state_close(struct sim_shared *sh)
+{
+    if (sh)
+        munmap(sh, sizeof *sh);
+}
+
+void sim_lock(struct sim_shared *sh)
+{
+    int rc = pthread_mutex_lock(&sh->lock);
+    if (rc == EOWNERDEAD) {
+        /* The holder died. Every update under the lock is a single store or
+         * leaves derived totals intact, so the state is usable as is. */
+        pthread_mutex_consistent(&sh->lock);
+        sim_reap_dead(sh);
+    }
+}
+
+void sim_unlock(struct sim_shared *sh)
+{
+    pthread_mutex_unlock(&sh->lock);
+}
+
+uint64_t sim_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void sim_sleep_until(uint64_t t_ns)
+{
+    struct timespec ts = {.tv_sec = (time_t)(t_ns / 1000000000ull),
+                          .tv_nsec = (long)(t_ns % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+/* Start time (clock ticks since boot) of a live process, or 0 if it is gone
+ * or a zombie: a zombie has released its GPU resources on a real driver. */
+static uint64_t proc_start_time(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* comm may contain spaces and parens */
+    if (!p || p[1] != ' ')
+        return 0;
+    char state = p[2];
+    if (state == 'Z' || state == 'X' || state == 'x')
+        return 0;
+    /* Fields after comm: 3 state ... 22 starttime. */
+    p += 2;
+    for (int field = 3; field < 22; field++) {
+        p = strchr(p, ' ');
+        if (!p)
+            return 0;
+        p++;
+    }
+    return strtoull(p, NULL, 10);
+}
+
+static bool proc_alive(const struct sim_proc *pr)
+{
+    if (kill(pr->pid, 0) != 0 && errno == ESRCH)
+        return false;
+    return proc_start_time(pr->pid) == pr->start_time;
+}
+
+int sim_proc_attach(struct sim_shared *sh, pid_t pid)
+{
+    uint64_t st = proc_start_time(pid);
+    int free_slot = -1;
+    for (uint32_t i = 0; i < sh->nproc_hw; i++) {
+        struct sim_proc *pr = &sh->proc[i];
+        if (pr->pid == pid && pr->start_time == st) {
+            /* Same process, new image (exec keeps pid and start time): what the
+             * old image held is gone, as a real driver frees it at exec. */
+            free_slot = (int)i;
+            break;
+        }
+        if (pr->pid == 0 && free_slot < 0)
+            free_slot = (int)i;
+    }
+    if (free_slot < 0) {
+        if (sh->nproc_hw < SIM_MAX_PROCS) {
+            free_slot = (int)sh->nproc_hw;
+        } else {
+            sim_reap_dead(sh);
+            for (uint32_t i = 0; i < sh->nproc_hw && free_slot < 0; i++)
+                if (sh->proc[i].pid == 0)
+                    free_slot = (int)i;
+            if (free_slot < 0)
+                return -1;
+        }
+    }
+    struct sim_proc *pr = &sh->proc[free_slot];
+    memset(pr, 0, sizeof *pr);
+    pr->start_time = st;
+    pr->pid = pid; /* last: the slot counts from here on */
+    if ((uint32_t)free_slot >= sh->nproc_hw)
+        sh->nproc_hw = (uint32_t)free_slot + 1;
+    return free_slot;
+}
+
+void sim_proc_release(struct sim_shared *sh, int slot)
+{
+    if (slot >= 0 && slot < SIM_MAX_PROCS)
+        sh->proc[slot].pid = 0; /* one store frees its memory from the books */
+}
+
+void sim_reap_dead(struct sim_shared *sh)
+{
+    for (uint32_t i = 0; i < sh->nproc_hw; i++)
+        if (sh->proc[i].pid != 0 && !proc_alive(&sh->proc[i]))
+            sh->proc[i].pid = 0;
+}
+
+uint64_t sim_device_used(const struct sim_shared *sh, unsigned phys)
+{
+    uint64_t used = 0;
+    for (uint32_t i = 0; i < sh->nproc_hw; i++)
+        if (sh->proc[i].pid != 0)
+            used += sh->proc[i].used[phys];
+    return used;
+}
+
+uint64_t sim_utilization_window(struct sim_shared *sh, unsigned phys, uint64_t now,
+                                uint64_t window_ns)
+{
+    const struct sim_device *d = &sh->dev[phys];
+    uint64_t lo = now > window_ns ? now - window_ns : 0, busy = 0;
+    for (uint32_t k = 0; k < d->run_count; k++) {
+        const struct sim_run *r = &d->runs[(d->run_head + SIM_RUNS - k) % SIM_RUNS];
+        if (r->end_ns <= lo)
+            break; /* runs are in time order, newest first here */
+        uint64_t s = r->start_ns > lo ? r->start_ns : lo;
+        uint64_t e = r->end_ns < now ? r->end_ns : now;
+        if (e > s)
+            busy += e - s;
+    }
+    return busy;
+}

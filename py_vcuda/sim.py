@@ -1,0 +1,224 @@
+"""The GPU simulator's Python side: configuration for child processes and a
+reader of the simulator's shared state (devices, processes, busy time).
+
+The simulator is a stand-in ``libcuda`` / ``libnvidia-ml`` (built from
+``gpusim/``) that child processes load through ``VCUDA_REAL_LIBCUDA`` and
+``VCUDA_REAL_LIBNVML``. All processes given the same state path share the
+simulated GPUs. A kernel runs for the microseconds in the ``uint64_t`` its
+``kernelParams[0]`` points to (see ``gpusim/include/vcudasim.h``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import cffi
+
+from py_vcuda import native
+
+_CDEF = """
+typedef struct vcudasim_state vcudasim_state;
+typedef struct vcudasim_config {
+    uint32_t devices;
+    uint32_t max_pending;
+    int32_t driver_version;
+    uint64_t context_overhead;
+} vcudasim_config;
+typedef struct vcudasim_device {
+    uint32_t index;
+    uint32_t processes;
+    char uuid[96];
+    char name[96];
+    uint64_t capacity;
+    uint64_t used;
+    uint64_t busy_ns;
+    uint64_t kernels;
+    uint64_t busy_until_ns;
+} vcudasim_device;
+typedef struct vcudasim_process {
+    int32_t pid;
+    uint32_t contexts;
+    uint64_t used;
+    uint64_t busy_ns;
+    uint64_t kernels;
+} vcudasim_process;
+int vcudasim_api_version(void);
+vcudasim_state *vcudasim_open(const char *path, int create);
+void vcudasim_close(vcudasim_state *st);
+const char *vcudasim_last_error(void);
+int vcudasim_get_config(vcudasim_state *st, vcudasim_config *out);
+int vcudasim_device_info(vcudasim_state *st, unsigned dev, vcudasim_device *out);
+int vcudasim_processes(vcudasim_state *st, unsigned dev, vcudasim_process *out, int cap);
+uint64_t vcudasim_busy_in_window(vcudasim_state *st, unsigned dev, uint64_t window_ns);
+uint64_t vcudasim_now_ns(void);
+"""
+
+API_VERSION = 1
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def default_state_path() -> Path:
+    return Path(os.environ.get("VCUDA_SIM_STATE") or f"/tmp/vcuda-sim-{os.getuid()}/state")
+
+
+@dataclass
+class SimConfig:
+    """Simulated GPUs; read by the first process that creates the state file."""
+
+    state_path: Path = field(default_factory=default_state_path)
+    devices: int = 1
+    memory: int = 16 * GiB  # bytes per device
+    context_overhead: int = 64 * MiB
+    uuids: list[str] | None = None
+    names: list[str] | None = None
+    driver_version: int = 13000
+    max_pending: int = 1024
+
+    def env(self) -> dict[str, str]:
+        """Environment variables a child process needs to use this simulator."""
+        env = {
+            "VCUDA_REAL_LIBCUDA": str(native.lib_path(native.SIM_CUDA)),
+            "VCUDA_REAL_LIBNVML": str(native.lib_path(native.SIM_NVML)),
+            "VCUDA_SIM_STATE": str(self.state_path),
+            "VCUDA_SIM_DEVICES": str(self.devices),
+            "VCUDA_SIM_MEMORY": str(self.memory),
+            "VCUDA_SIM_CONTEXT_OVERHEAD": str(self.context_overhead),
+            "VCUDA_SIM_DRIVER_VERSION": str(self.driver_version),
+            "VCUDA_SIM_MAX_PENDING": str(self.max_pending),
+        }
+        if self.uuids:
+            env["VCUDA_SIM_UUIDS"] = ",".join(self.uuids)
+        if self.names:
+            env["VCUDA_SIM_NAMES"] = ",".join(self.names)
+        return env
+
+    def reset(self) -> None:
+        """Remove the state file, so the next process creates it from this config."""
+        self.state_path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    index: int
+    uuid: str
+    name: str
+    capacity: int
+    used: int
+    busy_ns: int  # all kernels ever queued, exited processes included
+    kernels: int
+    busy_until_ns: int  # CLOCK_MONOTONIC
+    processes: int
+
+
+@dataclass(frozen=True)
+class ProcessStats:
+    pid: int
+    used: int
+    busy_ns: int
+    kernels: int
+    contexts: int
+
+
+class SimError(RuntimeError):
+    """The simulator's state could not be read."""
+
+
+_ffi = cffi.FFI()
+_ffi.cdef(_CDEF)
+_libs: dict[str, object] = {}
+
+
+def _lib() -> object:
+    path = str(native.lib_path(native.SIM_CUDA))
+    if path not in _libs:
+        lib = _ffi.dlopen(path)
+        version = lib.vcudasim_api_version()
+        if version != API_VERSION:
+            raise SimError(f"{path} has vcudasim API {version}, py_vcuda needs {API_VERSION}")
+        _libs[path] = lib
+    return _libs[path]
+
+
+class SimReader:
+    """Reads a simulator state file through the vcudasim_* API."""
+
+    def __init__(self, state_path: Path | str | None = None, *, create: bool = False) -> None:
+        self._lib = _lib()
+        path = str(state_path) if state_path is not None else str(default_state_path())
+        self.path = path
+        self._st = self._lib.vcudasim_open(path.encode(), 1 if create else 0)
+        if self._st == _ffi.NULL:
+            err = _ffi.string(self._lib.vcudasim_last_error()).decode(errors="replace")
+            raise SimError(f"cannot read simulator state {path}: {err}")
+
+    def close(self) -> None:
+        if self._st is not None and self._st != _ffi.NULL:
+            self._lib.vcudasim_close(self._st)
+        self._st = None
+
+    def __enter__(self) -> SimReader:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _state(self) -> object:
+        if self._st is None:
+            raise SimError("reader is closed")
+        return self._st
+
+    def config(self) -> SimConfig:
+        c = _ffi.new("vcudasim_config *")
+        self._lib.vcudasim_get_config(self._state(), c)
+        devs = [self.device(i) for i in range(c.devices)]
+        return SimConfig(
+            state_path=Path(self.path), devices=c.devices,
+            memory=devs[0].capacity if devs else 0, context_overhead=c.context_overhead,
+            uuids=[d.uuid for d in devs], names=[d.name for d in devs],
+            driver_version=c.driver_version, max_pending=c.max_pending,
+        )
+
+    def device_count(self) -> int:
+        c = _ffi.new("vcudasim_config *")
+        self._lib.vcudasim_get_config(self._state(), c)
+        return int(c.devices)
+
+    def device(self, index: int) -> DeviceStats:
+        d = _ffi.new("vcudasim_device *")
+        if self._lib.vcudasim_device_info(self._state(), index, d) != 0:
+            raise SimError(f"no simulated device {index} in {self.path}")
+        return DeviceStats(
+            index=d.index, uuid=_ffi.string(d.uuid).decode(), name=_ffi.string(d.name).decode(),
+            capacity=d.capacity, used=d.used, busy_ns=d.busy_ns, kernels=d.kernels,
+            busy_until_ns=d.busy_until_ns, processes=d.processes,
+        )
+
+    def devices(self) -> list[DeviceStats]:
+        return [self.device(i) for i in range(self.device_count())]
+
+    def processes(self, device: int = 0) -> list[ProcessStats]:
+        """Live processes with memory, a context or kernels on the device."""
+        cap = 64
+        while True:
+            buf = _ffi.new("vcudasim_process[]", cap)
+            n = self._lib.vcudasim_processes(self._state(), device, buf, cap)
+            if n < 0:
+                raise SimError(f"no simulated device {device} in {self.path}")
+            if n <= cap:
+                return [
+                    ProcessStats(pid=p.pid, used=p.used, busy_ns=p.busy_ns, kernels=p.kernels,
+                                 contexts=p.contexts)
+                    for p in buf[0:n]
+                ]
+            cap = n
+
+    def busy_in_window(self, device: int = 0, window_ns: int = 1_000_000_000) -> int:
+        return int(self._lib.vcudasim_busy_in_window(self._state(), device, window_ns))
+
+    def now_ns(self) -> int:
+        return int(self._lib.vcudasim_now_ns())

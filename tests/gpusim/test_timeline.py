@@ -1,0 +1,66 @@
+"""The execution timeline: kernels take the time their launch asks for, all
+processes share one device timeline, waits sleep until completion."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+from py_vcuda.sim import SimConfig, SimReader
+
+
+def test_streams_events_graphs(build_sim, sim: SimConfig) -> None:
+    import os
+
+    exe = build_sim("sim_sync.c")
+    proc = subprocess.run([str(exe)], env={**os.environ, **sim.env()}, capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "done 0" in proc.stdout
+
+
+def test_two_processes_serialised_on_one_timeline(children, sim: SimConfig) -> None:
+    # Each process: 20 kernels x 10 ms, then waits. Alone: 0.2 s; together: 0.4 s.
+    script = ("init", "primary", "0", "ready", "launch", "20", "10000", "sync", "ready")
+    a, b = children.spawn(*script), children.spawn(*script)
+    children.ready(a)
+    children.ready(b)
+    t0 = time.monotonic()
+    assert a.stdin and b.stdin
+    a.stdin.write("\n")
+    a.stdin.flush()
+    b.stdin.write("\n")
+    b.stdin.flush()
+    children.ready(a)
+    children.ready(b)
+    wall = time.monotonic() - t0
+    assert 0.39 <= wall < 0.6, wall
+    with SimReader(sim.state_path) as r:
+        procs = {p.pid: p for p in r.processes(0)}
+        for p in (a, b):
+            assert procs[p.pid].busy_ns == 200_000_000
+            assert procs[p.pid].kernels == 20
+        dev = r.device(0)
+        assert dev.busy_ns == 400_000_000 and dev.kernels == 40
+        assert r.busy_in_window(0, 1_000_000_000) >= 390_000_000
+    children.release(a)
+    children.release(b)
+    with SimReader(sim.state_path) as r:  # totals keep exited processes' time
+        assert r.device(0).busy_ns == 400_000_000
+        assert r.processes(0) == []
+
+
+def test_full_stream_blocks_the_launcher(tool, sim: SimConfig) -> None:
+    sim.max_pending = 4
+    out = tool("init", "primary", "0", "stream", "launch", "10", "30000", "sync")
+    launch, sync = out[-2], out[-1]
+    # Launches 5..10 each wait for a completion: about 6 x 30 ms before the
+    # last launch returns; then 4 kernels remain queued.
+    assert launch.rc == 0 and 170 <= float(launch.rest[0]) < 260, launch
+    assert 100 <= float(sync.rest[0]) < 140, sync
+
+
+def test_default_queue_does_not_block(tool) -> None:
+    out = tool("init", "primary", "0", "launch", "100", "10000", "sync")
+    assert float(out[-2].rest[0]) < 50  # 100 launches of 10 ms return at once
+    assert 950 <= float(out[-1].rest[0]) < 1100

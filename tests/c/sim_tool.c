@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -142,6 +143,30 @@ int main(int argc, char **argv)
             double t0 = now_ms();
             rc = stream ? cuStreamSynchronize(stream) : cuCtxSynchronize();
             printf("sync %d %.1f\n", rc, now_ms() - t0);
+        } else if (!strcmp(cmd, "fork")) { /* fork <size>: the child starts over and allocates */
+            i++;
+            pid_t pid = fork();
+            if (pid == 0) {
+                CUcontext c = NULL;
+                CUdeviceptr p = 0;
+                size_t fr = 0, tot = 0;
+                rc = cuMemAlloc_v2(&p, 1); /* the parent's context is not the child's */
+                printf("child-stale %d\n", rc);
+                rc = cuInit(0);
+                if (!rc)
+                    rc = cuDevicePrimaryCtxRetain(&c, 0);
+                if (!rc)
+                    rc = cuCtxSetCurrent(c);
+                if (!rc)
+                    rc = cuMemAlloc_v2(&p, qty(arg));
+                if (!rc)
+                    rc = cuMemGetInfo_v2(&fr, &tot);
+                printf("child %d %zu\n", rc, fr);
+                exit(0);
+            }
+            int status = 0;
+            waitpid(pid, &status, 0);
+            printf("fork %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
         } else if (!strcmp(cmd, "ready")) { /* tell the test we are here, wait for stdin */
             char line[16];
             printf("ready %d %d\n", 0, (int)getpid());

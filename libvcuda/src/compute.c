@@ -7,7 +7,10 @@
  * and has no work left gives the token back at once; at the end of the
  * quantum the gate closes, the thread waits for the process's own GPU work
  * and releases with the real hold time (overrun included), asking again at
- * once (MORE) when launchers are waiting. */
+ * once (MORE) when launchers are waiting. A process blocked in a synchronize
+ * launches nothing but is not idle: the idle check closes the gate, lets the
+ * process's work finish and keeps the token if a launcher arrives within a
+ * short grace (it is woken the moment one does). */
 #include "compute.h"
 
 #include <pthread.h>
@@ -30,6 +33,7 @@ enum { FLAG_MORE = 1 };
 enum { ERR_STALE_LEASE = 5, ERR_LEASE_EXPIRED = 6, ERR_TENANT_REMOVED = 9 };
 #define HEADER_LEN 16
 #define IDLE_CHECK_MIN_NS 1000000ull /* 1 ms */
+#define IDLE_GRACE_NS 1000000ull     /* after its work completed, a busy process launches within this */
 #define CONNECT_TIMEOUT_MS 1000
 
 static struct {
@@ -42,6 +46,7 @@ static struct {
     struct vcuda_zmtp conn;
     uint32_t seq;
     uint64_t burst_ns;      /* EWMA of hold times, sent as the predicted burst */
+    uint64_t drain_ns;      /* EWMA of how long the process's queued work takes to finish */
 } client = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
     .opened = PTHREAD_COND_INITIALIZER,
@@ -139,11 +144,29 @@ static void set_gate(int open) {
     pthread_mutex_unlock(&client.lock);
 }
 
+/* Whether a launcher waits at the gate, or arrives within `grace_ns`. */
+static bool launcher_arrives(uint64_t grace_ns) {
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline); /* the condition variable's clock */
+    uint64_t ns = (uint64_t)deadline.tv_nsec + grace_ns;
+    deadline.tv_sec += (time_t)(ns / 1000000000ull);
+    deadline.tv_nsec = (long)(ns % 1000000000ull);
+    pthread_mutex_lock(&client.lock);
+    while (client.waiters == 0 && pthread_cond_timedwait(&client.wanted, &client.lock, &deadline) == 0) {
+    }
+    bool arrived = client.waiters > 0;
+    pthread_mutex_unlock(&client.lock);
+    return arrived;
+}
+
 /* Holds the token until the quantum ends or the process goes idle; returns
  * whether launchers are waiting for it again. */
 static bool hold(uint64_t lease, uint64_t quantum_ns) {
     uint64_t receipt = now_ns();
-    uint64_t end = receipt + quantum_ns;
+    /* Close the gate early by the time the process's queued work usually takes
+     * to drain, so the hold, overrun included, stays within the quantum. */
+    uint64_t early = client.drain_ns < quantum_ns / 2 ? client.drain_ns : quantum_ns / 2;
+    uint64_t end = receipt + quantum_ns - early;
     uint64_t check = quantum_ns / 4 > IDLE_CHECK_MIN_NS ? quantum_ns / 4 : IDLE_CHECK_MIN_NS;
     atomic_store_explicit(&vcuda_gate.launched, 0, memory_order_relaxed);
     set_gate(1);
@@ -152,15 +175,30 @@ static bool hold(uint64_t lease, uint64_t quantum_ns) {
         uint64_t next = t + check < end ? t + check : end;
         sleep_until(next);
         if (next >= end) break;
-        if (!atomic_exchange_explicit(&vcuda_gate.launched, 0, memory_order_relaxed)) break; /* idle */
+        if (atomic_exchange_explicit(&vcuda_gate.launched, 0, memory_order_relaxed)) continue;
+        /* No launch since the last check: idle, or blocked in a synchronize on
+         * its own work. Close the gate, let that work finish, and see whether
+         * the process wants to launch again right away. */
+        set_gate(0);
+        drain_own_work();
+        if (!launcher_arrives(IDLE_GRACE_NS)) break; /* idle: give the token back */
+        if (now_ns() >= end) break;
+        set_gate(1);
     }
     set_gate(0);
+    uint64_t closed = now_ns();
     drain_own_work();
-    uint64_t held = now_ns() - receipt;
+    uint64_t done = now_ns();
+    uint64_t held = done - receipt;
     client.burst_ns = client.burst_ns ? (client.burst_ns * 3 + held) / 4 : held;
-    pthread_mutex_lock(&client.lock);
-    bool more = client.waiters > 0;
-    pthread_mutex_unlock(&client.lock);
+    client.drain_ns = (client.drain_ns * 3 + (done - closed)) / 4;
+    /* A process that was waiting on its own work launches again as soon as it
+     * completed: ask again at once (MORE) rather than queue behind others. */
+    bool more = launcher_arrives(IDLE_GRACE_NS);
+    vcuda_debug("lease %llx: quantum %llu us, held %llu us (drain %llu us), %s",
+                (unsigned long long)lease, (unsigned long long)(quantum_ns / 1000),
+                (unsigned long long)(held / 1000), (unsigned long long)((done - closed) / 1000),
+                more ? "more" : "done");
     send_msg(MSG_RELEASE, more ? FLAG_MORE : 0, lease, held);
     return more;
 }

@@ -146,8 +146,9 @@ def test_scheduler_restart_is_survived(tmp_path: Path, cuprobe: Path, shim: Path
 
 def test_latency_sensitive_tenant_waits_at_most_a_quantum(scheduler: AdminClient, cuprobe: Path, shim: Path,
                                                           sim_env: dict[str, str], tmp_path: Path) -> None:
-    """A mostly idle tenant with short bursts next to a saturating one: its token
-    wait p99 stays within one quantum (the scheduler's default maximum, 50 ms)."""
+    """A mostly idle tenant with short bursts next to a saturating one waits at most
+    one quantum (the scheduler's default maximum, 50 ms) plus the saturating
+    tenant's queued work (it synchronises every 10 kernels of 2 ms), at p99."""
     hog = scheduler.call("add", tenant="hog", request=50, limit=100)["endpoint"]
     lat = scheduler.call("add", tenant="lat", request=50, limit=100)["endpoint"]
     hog_proc = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "hog", str(hog)), 6000)
@@ -160,8 +161,8 @@ def test_latency_sensitive_tenant_waits_at_most_a_quantum(scheduler: AdminClient
     stats = scheduler.call("stats")["tenants"]
     busy_us(hog_proc)
     assert int(line["count"]) >= 200  # it kept its 20 ms rhythm
-    assert stats["lat"]["wait_us"]["p99"] <= 50_000 + 5_000
-    assert float(line["worst_us"]) <= 50_000 + 2 * 2000 + 10_000  # a quantum, a kernel in flight, handoffs
+    assert stats["lat"]["wait_us"]["p99"] <= 50_000 + SYNC_EVERY * KERNEL_US + 5_000, stats
+    assert float(line["worst_us"]) <= 50_000 + SYNC_EVERY * KERNEL_US + 10_000
 
 
 def test_killed_holder_costs_at_most_its_lease(scheduler: AdminClient, cuprobe: Path, shim: Path,

@@ -223,7 +223,9 @@ static void *client_main(void *arg) {
     uint64_t lost_since = 0, backoff_ms = 10;
     for (;;) {
         pthread_mutex_lock(&client.lock);
-        while (client.waiters == 0 && !requested) pthread_cond_wait(&client.wanted, &client.lock);
+        /* Unthrottled after a loss, keep trying to reach the scheduler even with nobody waiting. */
+        while (client.waiters == 0 && !requested && !client.unthrottled)
+            pthread_cond_wait(&client.wanted, &client.lock);
         pthread_mutex_unlock(&client.lock);
         if (!connected() || (!requested && send_msg(MSG_REQUEST, 0, 0, client.burst_ns / 1000) != 0)) {
             requested = false;

@@ -4,7 +4,9 @@ scheduler daemon, tenants' kernels on the simulator's shared timeline."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,3 +201,27 @@ def test_elastic_tenant_returns_to_its_request_when_the_other_wakes(scheduler: A
     assert abs(100 * alone - 70) <= 3
     assert abs(100 * shares["a"]["share"] - 40) <= 2
     assert abs(100 * shares["b"]["share"] - 60) <= 2
+
+
+def test_unthrottled_tenant_is_limited_again_when_the_scheduler_returns(tmp_path: Path, cuprobe: Path, shim: Path,
+                                                                       sim_env: dict[str, str]) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="vr", dir="/tmp"))  # unix socket paths are short
+    endpoint = f"ipc://{directory}/tenants/a/sched.sock"
+    env = tenant_env(shim, sim_env, tmp_path, "a", endpoint, VCUDA_SCHEDULER_TIMEOUT_MS="200",
+                     VCUDA_ON_SCHEDULER_LOSS="run")
+    proc = spin(cuprobe, env, 5000)
+    time.sleep(1.0)  # lost: running unthrottled
+    daemon = spawn_daemon(directory, "--window", "2s")
+    admin = AdminClient(directory / "admin.sock")
+    try:
+        admin.wait_ready()
+        admin.call("add", tenant="a", request=20, limit=20)
+        busy, wall, err = run_spin(proc)
+    finally:
+        admin.close()
+        daemon.kill()
+        daemon.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+    assert "launching unthrottled" in err
+    # ~1 s at full speed, then ~4 s at 20 %: far below running unthrottled throughout
+    assert 0.25 <= busy / wall <= 0.6

@@ -8,8 +8,6 @@
 
 bool vcuda_context_lookup(CUcontext ctx, CUdevice *ordinal);
 void vcuda_context_reset_after_fork(void);
-const char *vcuda_device_uuid(CUdevice ordinal);
-void vcuda_process_init(void);
 /* Live contexts of this process (at most max); returns how many. */
 int vcuda_contexts_snapshot(CUcontext *out, int max);
 

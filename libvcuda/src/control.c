@@ -10,6 +10,7 @@
 #include "ledger.h"
 #include "log.h"
 #include "prim.h"
+#include "process.h"
 #include "real_driver.h"
 #include "vcuda.h"
 
@@ -19,8 +20,6 @@
 
 _Static_assert(VCUDA_LEDGER_DEVICES == VCUDA_MAX_DEVICES, "public and internal device counts differ");
 _Static_assert(VCUDA_UUID_LEN == VCUDA_LEDGER_UUID_LEN, "public and internal uuid lengths differ");
-
-void vcuda_hooks_init(void);
 
 struct vcuda_ledger_map {
     struct vcuda_ledger ledger;

@@ -144,6 +144,9 @@ struct vcuda_hook {
     unsigned base_len; /* length of the name without _vN/_ptsz/_ptds suffixes */
 };
 
+/* Computes each hook's base-name length (library constructor). */
+void vcuda_hooks_init(void);
+
 /* Wrapper for `name` if `real_fn` is the real driver's `name` (or our own export). */
 void *vcuda_hook_for_symbol(const char *name, void *real_fn);
 /* Wrapper for the ABI variant of base name `symbol` whose real address is `real_fn`. */

@@ -8,7 +8,7 @@
  * Cost budget (the alloc+free pair, beyond the driver): one acquire load for
  * readiness, cuCtxGetCurrent, a scan of the few live contexts, a CAS on the
  * device counter, a relaxed add on the process slot, and one shard mutex for
- * the record; about 100 ns uncontended (bench/shim_bench.py measures it). */
+ * the record; about 60 ns uncontended on the simulator (bench/shim_bench.py). */
 #include <stdbool.h>
 #include <string.h>
 
@@ -355,7 +355,6 @@ CUresult vc_cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
 
 /* ---- the quota view ----------------------------------------------------- */
 
-/* Clamp a real (free, total) pair to the quota of ledger device `dev`. */
 void vcuda_quota_view(int dev, uint64_t limit, uint64_t *free_bytes, uint64_t *total_bytes) {
     if (limit == VCUDA_UNLIMITED) return;
     uint64_t used = atomic_load(&vcuda_proc.ledger.file->devices[dev].used);

@@ -10,8 +10,6 @@
 #include "process.h"
 #include "real_driver.h"
 
-void vcuda_quota_view(int dev, uint64_t limit, uint64_t *free_bytes, uint64_t *total_bytes);
-
 /* The limit this process applies to an NVML device. NVML numbers devices
  * physically; with CUDA_VISIBLE_DEVICES unset that equals the CUDA ordinal
  * VCUDA_MEMORY_LIMIT_<i> refers to, otherwise the all-devices limit applies. */

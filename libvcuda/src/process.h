@@ -24,6 +24,15 @@ CUresult vcuda_process_ready(void);
  * for it. Returns -1 (with *rc set) when the device cannot be named. */
 int vcuda_device_index(CUdevice ordinal, uint64_t *limit, CUresult *rc);
 
+/* The GPU UUID of a named ordinal ("GPU-..."), or NULL before it was named. */
+const char *vcuda_device_uuid(CUdevice ordinal);
+
+/* Clamps a real (free, total) pair to the quota of ledger device `dev`. */
+void vcuda_quota_view(int dev, uint64_t limit, uint64_t *free_bytes, uint64_t *total_bytes);
+
+/* Registers the fork handler (library constructor). */
+void vcuda_process_init(void);
+
 /* The current context and its device ordinal. */
 CUresult vcuda_current_device(CUcontext *ctx, CUdevice *ordinal);
 /* The device ordinal of a stream (its context's device), or the current one. */

@@ -15,6 +15,7 @@ Rules (DESIGN.md, token_scheduler):
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ SECOND = 1_000_000_000
 EWMA_ALPHA = 0.5  # weight of the newest burst sample; 0.5 reaches the max quantum in ~10 grants
 
 RECHECK_MIN_NS = 1_000  # never spin on a blocked tenant faster than this
+# Upper bounds (ns) of the cumulative token-wait histogram in stats(), for Prometheus.
+WAIT_BUCKETS_NS = (50_000, 100_000, 250_000, 500_000, 1 * MS, 2_500_000, 5 * MS, 10 * MS, 25 * MS,
+                   50 * MS, 100 * MS, 250 * MS, 500 * MS, 1 * SECOND, 2_500_000_000, 5 * SECOND)
 ClientId = bytes
 
 
@@ -171,6 +175,9 @@ class TenantStats:
     overrun_ns: int = 0
     errors: int = 0
     waits_ns: deque[int] = field(default_factory=deque)
+    # Every wait since the tenant was added, bucketed (last slot: +Inf), and their sum.
+    wait_buckets: list[int] = field(default_factory=lambda: [0] * (len(WAIT_BUCKETS_NS) + 1))
+    wait_sum_ns: int = 0
 
 
 @dataclass
@@ -390,9 +397,12 @@ class Policy:
         self.lease = Lease(tenant.name, client, lease_id, now, now + quantum, quantum)
         stats = tenant.stats
         stats.grants += 1
-        stats.waits_ns.append(now - waiter.since)
+        waited = now - waiter.since
+        stats.waits_ns.append(waited)
         if len(stats.waits_ns) > self.config.wait_samples:
             stats.waits_ns.popleft()
+        stats.wait_buckets[bisect_left(WAIT_BUCKETS_NS, waited)] += 1
+        stats.wait_sum_ns += waited
         return Grant(tenant.name, client, lease_id, quantum, now, waiter.seq)
 
     # --- helpers ---------------------------------------------------------------
@@ -496,6 +506,12 @@ class Policy:
                     "p99": percentile(waits, 0.99) / 1000,
                     "max": (waits[-1] if waits else 0) / 1000,
                     "samples": len(waits),
+                },
+                # Cumulative over the tenant's life: bounds in seconds, counts per bucket (not summed).
+                "wait_histogram": {
+                    "le_s": [b / SECOND for b in WAIT_BUCKETS_NS],
+                    "counts": list(s.wait_buckets),
+                    "sum_s": s.wait_sum_ns / SECOND,
                 },
                 "overruns": s.overruns,
                 "overrun_ms": s.overrun_ns / MS,

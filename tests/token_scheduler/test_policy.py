@@ -298,6 +298,11 @@ def test_stats_report_wait_percentiles() -> None:
     stats = policy.stats()["tenants"]["a"]  # type: ignore[index]
     assert stats["grants"] == 4
     assert stats["wait_us"]["p50"] == 2000 and stats["wait_us"]["max"] == 4000
+    hist = stats["wait_histogram"]
+    assert sum(hist["counts"]) == 4 and hist["sum_s"] == pytest.approx(0.010)
+    # 1 ms falls in the 1 ms bucket (le is inclusive), 2 ms in 2.5 ms, 3 and 4 ms in 5 ms.
+    by_bound = dict(zip(hist["le_s"], hist["counts"], strict=False))
+    assert (by_bound[0.001], by_bound[0.0025], by_bound[0.005]) == (1, 1, 2)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,1 @@
+"""kubelet device plugin and node agent (vGPU, pGPU, MPS), metrics exporter, node labels."""

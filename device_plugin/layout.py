@@ -12,11 +12,12 @@ read it. One module, so writer and readers cannot drift apart.
         ledger                          the container's VCUDA_LEDGER
 
 Unix socket paths must stay within 107 bytes, so keys are short: a GPU key is
-the first 8 hex digits of its UUID, a tenant name at most 24 characters.
+10 hex digits of a hash of its UUID, a tenant name at most 24 characters.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -35,11 +36,13 @@ class LayoutError(ValueError):
 
 
 def gpu_key(uuid: str) -> str:
-    """Short, stable directory name for a GPU: 'GPU-6f0c1a2b-...' -> '6f0c1a2b'."""
-    hexdigits = "".join(c for c in uuid.removeprefix("GPU-").removeprefix("MIG-") if c.isalnum())
-    if len(hexdigits) < 8:
+    """Short, stable directory name for a GPU: 10 hex digits of a hash of its UUID.
+
+    A hash, not a prefix: UUIDs of one board (and the simulator's) share prefixes.
+    """
+    if not uuid.startswith(("GPU-", "MIG-")) or len(uuid) < 12:
         raise ValueError(f"not a GPU UUID: {uuid!r}")
-    return hexdigits[:8].lower()
+    return hashlib.blake2s(uuid.encode(), digest_size=5).hexdigest()
 
 
 @dataclass(frozen=True)

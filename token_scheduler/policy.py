@@ -27,6 +27,7 @@ SECOND = 1_000_000_000
 EWMA_ALPHA = 0.5  # weight of the newest burst sample; 0.5 reaches the max quantum in ~10 grants
 
 RECHECK_MIN_NS = 1_000  # never spin on a blocked tenant faster than this
+OVERRUN_MEMORY = 16  # leases whose overrun bounds the next quantum
 # Upper bounds (ns) of the cumulative token-wait histogram in stats(), for Prometheus.
 WAIT_BUCKETS_NS = (50_000, 100_000, 250_000, 500_000, 1 * MS, 2_500_000, 5 * MS, 10 * MS, 25 * MS,
                    50 * MS, 100 * MS, 250 * MS, 500 * MS, 1 * SECOND, 2_500_000_000, 5 * SECOND)
@@ -187,6 +188,8 @@ class Tenant:
     limit: int
     burst_ns: float
     added_at: int
+    # Overrun (hold past the quantum) of the last few leases, to shorten the next one.
+    recent_overruns_ns: deque[int] = field(default_factory=lambda: deque(maxlen=OVERRUN_MEMORY))
     usage: UsageWindow = field(default_factory=UsageWindow)
     waiting: OrderedDict[ClientId, Waiter] = field(default_factory=OrderedDict)
     expired: OrderedDict[int, ExpiredLease] = field(default_factory=OrderedDict)
@@ -454,7 +457,12 @@ class Policy:
         # No clamp to the headroom below the limit: at equilibrium that shrinks
         # every lease to the minimum and multiplies handoffs; a limit may be
         # overshot by at most one quantum (quantum_max / window, 0.5 pp by default).
-        return int(min(max(want, cfg.quantum_min_ns), cfg.quantum_max_ns))
+        # A holder drains its queued work after expiry, so the GPU is really held
+        # for quantum + overrun: shorten the lease by the largest recent overrun so
+        # that a waiting tenant waits at most quantum_max.
+        overrun = max(tenant.recent_overruns_ns, default=0)
+        ceiling = max(cfg.quantum_min_ns, cfg.quantum_max_ns - overrun)
+        return int(min(max(want, cfg.quantum_min_ns), ceiling))
 
     def _learn_burst(self, tenant: Tenant, held: int, quantum: int, more: bool) -> None:
         # A burst that filled its quantum and wants more was cut short: its true
@@ -463,6 +471,7 @@ class Policy:
         tenant.burst_ns += EWMA_ALPHA * (max(sample, self.config.quantum_min_ns) - tenant.burst_ns)
 
     def _note_overrun(self, tenant: Tenant, held: int, quantum: int) -> None:
+        tenant.recent_overruns_ns.append(max(0, held - quantum))
         if held > quantum:
             tenant.stats.overruns += 1
             tenant.stats.overrun_ns += held - quantum

@@ -149,8 +149,10 @@ def test_scheduler_restart_is_survived(tmp_path: Path, cuprobe: Path, shim: Path
 def test_latency_sensitive_tenant_waits_at_most_a_quantum(scheduler: AdminClient, cuprobe: Path, shim: Path,
                                                           sim_env: dict[str, str], tmp_path: Path) -> None:
     """A mostly idle tenant with short bursts next to a saturating one waits at most
-    one quantum (the scheduler's default maximum, 50 ms) plus the saturating
-    tenant's queued work (it synchronises every 10 kernels of 2 ms), at p99."""
+    one quantum (the scheduler's default maximum, 50 ms) at p99: the saturating
+    tenant (it synchronises every 10 kernels of 2 ms, so it overruns its lease by
+    up to 20 ms) gets leases shortened by its recent overrun. 10 ms of slack for
+    scheduling noise on a shared 2-core machine."""
     hog = scheduler.call("add", tenant="hog", request=50, limit=100)["endpoint"]
     lat = scheduler.call("add", tenant="lat", request=50, limit=100)["endpoint"]
     hog_proc = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "hog", str(hog)), 6000)
@@ -163,7 +165,7 @@ def test_latency_sensitive_tenant_waits_at_most_a_quantum(scheduler: AdminClient
     stats = scheduler.call("stats")["tenants"]
     busy_us(hog_proc)
     assert int(line["count"]) >= 200  # it kept its 20 ms rhythm
-    assert stats["lat"]["wait_us"]["p99"] <= 50_000 + SYNC_EVERY * KERNEL_US + 5_000, stats
+    assert stats["lat"]["wait_us"]["p99"] <= 50_000 + 10_000, stats
     assert float(line["worst_us"]) <= 50_000 + SYNC_EVERY * KERNEL_US + 10_000
 
 

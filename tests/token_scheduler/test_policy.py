@@ -320,3 +320,29 @@ def test_usage_window(desc: str, intervals: list[tuple[int, int]], now: int, win
     for start, end in intervals:
         usage.add(start, end)
     assert usage.usage(now, window) == expected, desc
+
+
+def test_overrunning_holder_gets_shorter_leases() -> None:
+    """A holder that drains 10 ms past its lease gets quantum_max - 10 ms next time, so a
+    waiter waits at most one quantum_max; once it stops overrunning the lease grows back."""
+    policy, clock = make(("hog", 50, 100))
+    qmax = CFG.quantum_max_ns
+    for _ in range(3):
+        policy.request("hog", b"1", qmax)
+        grant = policy.dispatch()
+        assert grant is not None
+        clock.advance(grant.quantum_ns + 10 * MS)
+        policy.release("hog", b"1", grant.lease_id, grant.quantum_ns + 10 * MS, False)
+    policy.request("hog", b"1", qmax)
+    grant = policy.dispatch()
+    assert grant is not None and grant.quantum_ns == qmax - 10 * MS
+    policy.release("hog", b"1", grant.lease_id, grant.quantum_ns, False)
+    for _ in range(16):  # leases kept to: the overrun memory forgets
+        policy.request("hog", b"1", qmax)
+        grant = policy.dispatch()
+        assert grant is not None
+        clock.advance(grant.quantum_ns)
+        policy.release("hog", b"1", grant.lease_id, grant.quantum_ns, False)
+    policy.request("hog", b"1", qmax)
+    grant = policy.dispatch()
+    assert grant is not None and grant.quantum_ns == qmax

@@ -1,8 +1,10 @@
 """The per-GPU scheduler daemon: sockets and event loop around the policy.
 
-One ROUTER socket per tenant (DIR/tenants/<name>/sched.sock): a message's
-tenant is the socket it arrived on, its process is the ZeroMQ routing id.
-One REP socket for the admin (DIR/admin.sock, DIR is 0700). A single thread
+One ROUTER endpoint per tenant (DIR/tenants/<name>/sched.sock, ZMTP spoken by
+zmtp_router, see there why not libzmq): a message's tenant is the socket it
+arrived on, its process is the connection's routing id; a closed connection
+frees what that process held. One pyzmq REP socket for the admin
+(DIR/admin.sock, DIR is 0700). A single thread
 polls them all with no sleeps: a RELEASE is answered by the next GRANT in the
 same loop turn, and the only timers (lease expiry, limit re-check) come from
 the policy's next deadline.
@@ -26,6 +28,7 @@ from . import admin, state, wire
 from .errors import ErrorCode, PolicyError
 from .policy import Policy, PolicyConfig, validate_quota
 from .wire import MsgType, WireError
+from .zmtp_router import Peer, RouterEndpoint
 
 log = logging.getLogger("token_scheduler")
 
@@ -33,7 +36,6 @@ TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 SOCKET_NAME = "sched.sock"
 ADMIN_SOCKET = "admin.sock"
 MAX_IPC_PATH = 107  # sun_path minus the terminating NUL
-BATCH = 64  # messages read from one socket per turn, so no tenant starves the others
 IDLE_POLL_MS = 500  # wake this often with nothing due, to notice a stop request
 TENANT_MAX_MSG = 4096  # larger frames make libzmq drop the sender's connection
 ADMIN_MAX_MSG = 65536
@@ -47,7 +49,7 @@ class AdminRefused(ValueError):
 class Endpoint:
     name: str
     path: Path
-    socket: zmq.Socket
+    socket: RouterEndpoint
 
     @property
     def url(self) -> str:
@@ -73,7 +75,8 @@ class Daemon:
         self._own_context = context is None
         self.context = context or zmq.Context()
         self._endpoints: dict[str, Endpoint] = {}
-        self._by_socket: dict[zmq.Socket, Endpoint] = {}
+        # zmq.Poller reports plain sockets by descriptor: fd -> (endpoint, peer or None for the listener)
+        self._by_fd: dict[int, tuple[Endpoint, Peer | None]] = {}
         self._poller = zmq.Poller()
         self._admin: zmq.Socket | None = None
         self.idle_poll_ms = IDLE_POLL_MS
@@ -99,9 +102,9 @@ class Daemon:
 
     def close(self) -> None:
         for endpoint in list(self._endpoints.values()):
-            endpoint.socket.close(0)
+            endpoint.socket.close()
         self._endpoints.clear()
-        self._by_socket.clear()
+        self._by_fd.clear()
         if self._admin is not None:
             self._admin.close(0)
             self._admin = None
@@ -115,13 +118,18 @@ class Daemon:
 
     def turn(self) -> None:
         """One poll and everything it delivered; public for tests and benches."""
-        for sock, _ in self._poller.poll(self._timeout_ms()):
+        for sock, events in self._poller.poll(self._timeout_ms()):
             if sock is self._admin:
                 self._serve_admin()
                 continue
-            endpoint = self._by_socket.get(sock)
-            if endpoint is not None:  # None: removed earlier in this turn
-                self._serve_tenant(endpoint)
+            entry = self._by_fd.get(sock)
+            if entry is None:  # closed earlier in this turn
+                continue
+            endpoint, peer = entry
+            if peer is None:
+                self._accept(endpoint)
+            else:
+                self._serve_peer(endpoint, peer, events)
         self._dispatch()
 
     def _timeout_ms(self) -> int:
@@ -133,10 +141,14 @@ class Daemon:
 
     # --- tenant sockets -----------------------------------------------------------
 
-    def _bind(self, sock: zmq.Socket, path: Path, mode: int) -> None:
+    @staticmethod
+    def _claim_path(path: Path) -> None:
         if len(str(path)) > MAX_IPC_PATH:
             raise AdminRefused(f"socket path too long for ipc ({len(str(path))} bytes): {path}")
         path.unlink(missing_ok=True)  # left by a killed predecessor
+
+    def _bind(self, sock: zmq.Socket, path: Path, mode: int) -> None:
+        self._claim_path(path)
         sock.bind(f"ipc://{path}")
         os.chmod(path, mode)
 
@@ -144,44 +156,59 @@ class Daemon:
         folder = self.directory / "tenants" / name
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o755)
-        sock = self.context.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a dead process fails at once
-        sock.setsockopt(zmq.MAXMSGSIZE, TENANT_MAX_MSG)
-        try:
-            # Any process of the container may connect: the mount is the access control.
-            self._bind(sock, folder / SOCKET_NAME, 0o666)
-        except Exception:
-            sock.close(0)
-            raise
-        endpoint = Endpoint(name, folder / SOCKET_NAME, sock)
+        path = folder / SOCKET_NAME
+        self._claim_path(path)
+        sock = RouterEndpoint(path, TENANT_MAX_MSG)
+        # Any process of the container may connect: the mount is the access control.
+        os.chmod(path, 0o666)
+        endpoint = Endpoint(name, path, sock)
         self._endpoints[name] = endpoint
-        self._by_socket[sock] = endpoint
+        self._by_fd[sock.fileno()] = (endpoint, None)
         self._poller.register(sock, zmq.POLLIN)
         return endpoint
 
     def _close_endpoint(self, name: str) -> None:
         endpoint = self._endpoints.pop(name)
-        del self._by_socket[endpoint.socket]
-        self._poller.unregister(endpoint.socket)
-        endpoint.socket.close(0)
-        endpoint.path.unlink(missing_ok=True)
+        for peer in list(endpoint.socket.peers.values()):
+            self._unwatch(peer)
+        self._unwatch(endpoint.socket)
+        endpoint.socket.close()
         with contextlib.suppress(OSError):  # not empty or mounted somewhere: leave it
             endpoint.path.parent.rmdir()
 
-    def _serve_tenant(self, endpoint: Endpoint) -> None:
-        sock = endpoint.socket
-        for _ in range(BATCH):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                self._handle(endpoint, frames)
-            except Exception:  # a bug must cost one message, never the daemon
-                log.exception("internal error on tenant %s", endpoint.name)
-                error = wire.encode_error(0, ErrorCode.INTERNAL, "internal error")
-                self._send(endpoint, frames[0], error)
+    def _accept(self, endpoint: Endpoint) -> None:
+        for peer in endpoint.socket.accept():
+            self._by_fd[peer.fileno()] = (endpoint, peer)
+            self._poller.register(peer, zmq.POLLIN | (zmq.POLLOUT if peer.outbuf else 0))
+
+    def _unwatch(self, sock: Peer | RouterEndpoint) -> None:
+        self._by_fd.pop(sock.fileno(), None)
+        self._poller.unregister(sock)
+
+    def _serve_peer(self, endpoint: Endpoint, peer: Peer, events: int) -> None:
+        if events & zmq.POLLOUT:
+            peer.flush()
+        if events & (zmq.POLLIN | zmq.POLLERR):
+            for frames in peer.read():  # one read of at most 64 KiB bounds a turn
+                try:
+                    self._handle(endpoint, frames)
+                except Exception:  # a bug must cost one message, never the daemon
+                    log.exception("internal error on tenant %s", endpoint.name)
+                    error = wire.encode_error(0, ErrorCode.INTERNAL, "internal error")
+                    self._send(endpoint, frames[0], error)
+        self._settle(endpoint, peer)
+
+    def _settle(self, endpoint: Endpoint, peer: Peer) -> None:
+        """Drop a closed peer (freeing what it held) or poll it for output it still owes."""
+        if self._by_fd.get(peer.fileno(), (None, None))[1] is not peer:
+            return  # already dropped
+        if peer.closed:
+            self._unwatch(peer)
+            endpoint.socket.drop(peer)
+            # The process is gone (or broke the protocol): its lease and place in line go too.
+            self.policy.client_gone(endpoint.name, peer.identity)
+            return
+        self._poller.modify(peer, zmq.POLLIN | (zmq.POLLOUT if peer.outbuf else 0))
 
     def _handle(self, endpoint: Endpoint, frames: list[bytes]) -> None:
         client = frames[0]
@@ -220,11 +247,12 @@ class Daemon:
             self._send(endpoint, client, wire.encode_error(msg.seq, err.code, err.message, err.ref))
 
     def _send(self, endpoint: Endpoint, client: bytes, payload: bytes) -> bool:
-        try:
-            endpoint.socket.send_multipart([client, payload], zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError:  # EHOSTUNREACH: process gone; EAGAIN: it stopped reading
-            return False
+        """False if the client is gone or stopped reading (like ROUTER_MANDATORY)."""
+        ok = endpoint.socket.send(client, payload)
+        peer = endpoint.socket.peers.get(client)
+        if peer is not None and (peer.closed or peer.outbuf):
+            self._settle(endpoint, peer)
+        return ok
 
     def _send_grant(
         self, endpoint: Endpoint, client: bytes, lease_id: int, quantum_ns: int, seq: int

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import stat
 import time
+from pathlib import Path
 
 import pytest
 import zmq
 
 from token_scheduler import wire
 from token_scheduler.errors import ErrorCode
-from token_scheduler.testing import AdminClient, TenantClient
+from token_scheduler.policy import MS, SECOND, PolicyConfig
+from token_scheduler.testing import AdminClient, TenantClient, daemon_thread
 from token_scheduler.wire import MsgType
 
 pytestmark = pytest.mark.timeout(30)
@@ -204,3 +206,23 @@ def test_limit_enforced_end_to_end(admin: AdminClient, zctx: zmq.Context) -> Non
         grant = client.wait_grant(2)
     share = admin.call("stats")["tenants"]["greedy"]["share"]  # type: ignore[index]
     assert 0.2 <= share <= 0.36
+
+
+def test_disconnected_holder_frees_the_token_at_once(short_dir: Path, zctx: zmq.Context) -> None:
+    """A holder whose connection closes (its process died) is not waited for: with a
+    60 s quantum, the next tenant is granted at once and the lease never expires."""
+    config = PolicyConfig(window_ns=120 * SECOND, quantum_min_ns=60 * SECOND, quantum_max_ns=60 * SECOND,
+                          grace_ns=5 * MS)
+    with daemon_thread(short_dir / "sched", config):
+        admin = AdminClient(short_dir / "sched" / "admin.sock", zctx)
+        admin.wait_ready()
+        a = TenantClient(add(admin, "a", 50), zctx)
+        b = TenantClient(add(admin, "b", 50), zctx)
+        assert a.acquire().fields[1] == 60_000_000
+        b.request()
+        assert b.recv(100) is None
+        a.close()
+        assert b.wait_grant(10).type == MsgType.GRANT
+        stats = admin.call("stats")["tenants"]
+        assert stats["a"]["expiries"] == 0 and stats["b"]["grants"] == 1  # type: ignore[index]
+        admin.close()

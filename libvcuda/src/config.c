@@ -165,9 +165,14 @@ void vcuda_config_load(void) {
         config_fail("VCUDA_CORE_LIMIT must be at least VCUDA_CORE_REQUEST%s%s", "", "");
     const char *visible = getenv("CUDA_VISIBLE_DEVICES");
     vcuda_config.cuda_visible_devices_set = visible != NULL && *visible != '\0';
-    /* Per-device overrides: VCUDA_MEMORY_LIMIT_<i> for visible device i. */
+    /* Per-device overrides: VCUDA_MEMORY_LIMIT_<i> and VCUDA_SCHEDULER_<i> for visible device i. */
     for (int i = 0; i < VCUDA_MAX_DEVICES; i++) {
         char env_name[64];
+        snprintf(env_name, sizeof env_name, "VCUDA_SCHEDULER_%d", i);
+        const char *endpoint = getenv(env_name);
+        if (endpoint == NULL || *endpoint == '\0') endpoint = vcuda_config.scheduler;
+        if (strlen(endpoint) >= sizeof vcuda_config.scheduler_dev[i]) config_fail("%s is too long (\"%s\")", env_name, endpoint);
+        else strcpy(vcuda_config.scheduler_dev[i], endpoint);
         snprintf(env_name, sizeof env_name, "VCUDA_MEMORY_LIMIT_%d", i);
         const char *value = getenv(env_name);
         if (value == NULL || *value == '\0') continue;

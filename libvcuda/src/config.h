@@ -17,7 +17,8 @@ struct vcuda_config {
     uint64_t memory_limit[VCUDA_MAX_DEVICES];       /* per visible device index, bytes */
     int core_request;                               /* percent */
     int core_limit;                                 /* percent */
-    char scheduler[256];
+    char scheduler[256];                            /* every visible device without its own: */
+    char scheduler_dev[VCUDA_MAX_DEVICES][256];     /* VCUDA_SCHEDULER_<i>, visible device i */
     char ledger[4096];                              /* empty: process-private ledger */
     int scheduler_timeout_ms;
     enum vcuda_loss_policy on_scheduler_loss;

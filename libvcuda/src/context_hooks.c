@@ -1,6 +1,8 @@
-/* Context creation and destruction hooks: each new context is charged the
- * per-context overhead (context.c), and destroying one returns its overhead
- * and the allocations the driver freed with it. */
+/* Context hooks: each new context is charged the per-context overhead
+ * (context.c), and destroying one returns its overhead and the allocations
+ * the driver freed with it. Whatever changes the calling thread's current
+ * context also repoints its launch gate (compute.h). */
+#include "compute.h"
 #include "config.h"
 #include "context.h"
 #include "hooks.h"
@@ -42,6 +44,7 @@ CUresult vc_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     rc = vcuda_context_before_create(dev, false, &charged, &before);
     if (rc != CUDA_SUCCESS) return rc;
     rc = vcuda_real.cuCtxCreate_v2(pctx, flags, dev);
+    if (rc == CUDA_SUCCESS) vcuda_compute_context_changed(); /* the new context is current */
     return vcuda_context_after_create(rc, rc == CUDA_SUCCESS ? *pctx : NULL, dev, false, charged, before);
 }
 
@@ -54,6 +57,7 @@ CUresult vc_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int num
     rc = vcuda_context_before_create(dev, false, &charged, &before);
     if (rc != CUDA_SUCCESS) return rc;
     rc = vcuda_real.cuCtxCreate_v3(pctx, params, numParams, flags, dev);
+    if (rc == CUDA_SUCCESS) vcuda_compute_context_changed();
     return vcuda_context_after_create(rc, rc == CUDA_SUCCESS ? *pctx : NULL, dev, false, charged, before);
 }
 
@@ -65,6 +69,7 @@ CUresult vc_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned 
     rc = vcuda_context_before_create(dev, false, &charged, &before);
     if (rc != CUDA_SUCCESS) return rc;
     rc = vcuda_real.cuCtxCreate_v4(pctx, params, flags, dev);
+    if (rc == CUDA_SUCCESS) vcuda_compute_context_changed();
     return vcuda_context_after_create(rc, rc == CUDA_SUCCESS ? *pctx : NULL, dev, false, charged, before);
 }
 
@@ -72,6 +77,33 @@ CUresult vc_cuCtxDestroy_v2(CUcontext ctx) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuCtxDestroy_v2, "cuCtxDestroy_v2");
     if (rc != CUDA_SUCCESS) return rc;
     rc = vcuda_real.cuCtxDestroy_v2(ctx);
-    if (rc == CUDA_SUCCESS && !vcuda_config.disabled) vcuda_context_destroyed(ctx);
+    if (rc == CUDA_SUCCESS && !vcuda_config.disabled) {
+        vcuda_context_destroyed(ctx);
+        vcuda_compute_context_changed(); /* it may have been current */
+    }
+    return rc;
+}
+
+CUresult vc_cuCtxSetCurrent(CUcontext ctx) {
+    CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuCtxSetCurrent, "cuCtxSetCurrent");
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = vcuda_real.cuCtxSetCurrent(ctx);
+    if (rc == CUDA_SUCCESS && !vcuda_config.disabled) vcuda_compute_context_changed();
+    return rc;
+}
+
+CUresult vc_cuCtxPushCurrent_v2(CUcontext ctx) {
+    CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuCtxPushCurrent_v2, "cuCtxPushCurrent_v2");
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = vcuda_real.cuCtxPushCurrent_v2(ctx);
+    if (rc == CUDA_SUCCESS && !vcuda_config.disabled) vcuda_compute_context_changed();
+    return rc;
+}
+
+CUresult vc_cuCtxPopCurrent_v2(CUcontext *pctx) {
+    CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuCtxPopCurrent_v2, "cuCtxPopCurrent_v2");
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = vcuda_real.cuCtxPopCurrent_v2(pctx);
+    if (rc == CUDA_SUCCESS && !vcuda_config.disabled) vcuda_compute_context_changed();
     return rc;
 }

@@ -35,6 +35,9 @@
       (CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev),              \
       (pctx, params, flags, dev))                                                                  \
     X(cuCtxDestroy_v2, (CUcontext ctx), (ctx))                                                     \
+    X(cuCtxSetCurrent, (CUcontext ctx), (ctx))                                                     \
+    X(cuCtxPushCurrent_v2, (CUcontext ctx), (ctx))                                                 \
+    X(cuCtxPopCurrent_v2, (CUcontext *pctx), (pctx))                                               \
     X(cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytesize), (dptr, bytesize))                       \
     X(cuMemAllocPitch_v2,                                                                          \
       (CUdeviceptr *dptr, size_t *pitch, size_t widthBytes, size_t height,                         \
@@ -102,9 +105,7 @@
     X(cuStreamGetCtx, (CUstream stream, CUcontext *pctx))                                          \
     X(cuDeviceGetUuid_v2, (CUuuid *uuid, CUdevice dev))                                            \
     X(cuDeviceGetUuid, (CUuuid *uuid, CUdevice dev))                                               \
-    X(cuCtxSynchronize, (void))                                                                    \
-    X(cuCtxPushCurrent_v2, (CUcontext ctx))                                                        \
-    X(cuCtxPopCurrent_v2, (CUcontext *pctx))
+    X(cuCtxSynchronize, (void))
 
 #define VCUDA_NVML_USED(X)                                                                         \
     X(nvmlInit_v2, (void))                                                                         \

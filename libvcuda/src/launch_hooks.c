@@ -1,20 +1,22 @@
-/* Launch hooks. Fast path budget (token held): one relaxed load of the gate,
- * one predictable branch, one relaxed store marking the process busy, then
- * the real launch: no lock, no syscall, no clock read, no read-modify-write.
+/* Launch hooks. Fast path budget (token held): one thread-local load of the
+ * current device's gate, one relaxed load of it, one predictable branch, one
+ * relaxed store marking the device busy, then the real launch: no lock, no
+ * syscall, no clock read, no read-modify-write, no driver query.
  * Everything else is in vcuda_gate_wait (compute.c). */
 #include "compute.h"
 #include "hooks.h"
 
-#define GATE_OPEN() __builtin_expect(atomic_load_explicit(&vcuda_gate.open, memory_order_relaxed), 1)
-#define MARK_BUSY() atomic_store_explicit(&vcuda_gate.launched, 1, memory_order_relaxed)
+#define GATE_OPEN(g) __builtin_expect(atomic_load_explicit(&(g)->open, memory_order_relaxed), 1)
+#define MARK_BUSY(g) atomic_store_explicit(&(g)->launched, 1, memory_order_relaxed)
 
 #define VCUDA_LAUNCH_HOOK(name, params, args)                                                      \
     CUresult vc_##name params {                                                                    \
-        if (!GATE_OPEN()) {                                                                        \
-            CUresult rc = vcuda_gate_wait();                                                       \
+        struct vcuda_gate *gate = vcuda_thread_gate;                                               \
+        if (!GATE_OPEN(gate)) {                                                                    \
+            CUresult rc = vcuda_gate_wait(gate);                                                   \
             if (rc != CUDA_SUCCESS) return rc;                                                     \
         }                                                                                          \
-        MARK_BUSY();                                                                               \
+        MARK_BUSY(gate);                                                                           \
         return vcuda_real.name args;                                                               \
     }
 

@@ -277,6 +277,30 @@ static void *stress_thread(void *p) {
     return NULL;
 }
 
+/* One thread spinning on one device's primary context ("spindevs"). */
+struct spin_arg { int device; unsigned long long us, ms, every; long kernels; CUresult rc; };
+
+static void *spin_device_thread(void *p) {
+    struct spin_arg *arg = p;
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction fn;
+    CUresult r = cu.primary_retain(&ctx, (CUdevice)arg->device);
+    if (r == CUDA_SUCCESS) r = cu.ctx_set_current(ctx);
+    if (r == CUDA_SUCCESS) r = cu.module_load(&mod, "spin");
+    if (r == CUDA_SUCCESS) r = cu.module_function(&fn, mod, "spin");
+    uint64_t us = arg->us;
+    void *params[] = {&us};
+    double end = now_s() + (double)arg->ms / 1000.0;
+    while (r == CUDA_SUCCESS && now_s() < end) {
+        r = cu.launch(fn, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+        if (r == CUDA_SUCCESS && ++arg->kernels % (long)arg->every == 0) r = cu.ctx_sync();
+    }
+    if (r == CUDA_SUCCESS) r = cu.ctx_sync();
+    arg->rc = r;
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     const char *via = "dlsym";
     int i = 1;
@@ -375,6 +399,25 @@ int main(int argc, char **argv) {
             if (r == CUDA_SUCCESS) r = cu.ctx_sync();
             printf("spin rc=%d kernels=%ld busy_us=%llu wall_us=%.0f\n", r, kernels,
                    (unsigned long long)kernels * a, (now_s() - start) * 1e6);
+        } else if (strcmp(c, "spindevs") == 0) {
+            /* like spin, on devices 0..d-1 at once, one thread each */
+            struct spin_arg sa[8] = {{0}};
+            pthread_t tid[8];
+            int n = d > 8 ? 8 : (int)d;
+            double start = now_s();
+            for (int t = 0; t < n; t++) {
+                sa[t] = (struct spin_arg){.device = t, .us = a, .ms = b, .every = cc ? cc : 1};
+                pthread_create(&tid[t], NULL, spin_device_thread, &sa[t]);
+            }
+            r = CUDA_SUCCESS;
+            printf("spindevs");
+            for (int t = 0; t < n; t++) {
+                pthread_join(tid[t], NULL);
+                if (sa[t].rc != CUDA_SUCCESS) r = sa[t].rc;
+            }
+            printf(" rc=%d wall_us=%.0f", r, (now_s() - start) * 1e6);
+            for (int t = 0; t < n; t++) printf(" busy%d_us=%llu", t, (unsigned long long)sa[t].kernels * a);
+            printf("\n");
         } else if (strcmp(c, "bursts") == 0) {
             /* one `a`-us kernel every `b` ms for `cc` ms: a latency-sensitive tenant */
             CUmodule mod;

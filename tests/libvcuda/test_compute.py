@@ -227,3 +227,33 @@ def test_unthrottled_tenant_is_limited_again_when_the_scheduler_returns(tmp_path
     assert "launching unthrottled" in err
     # ~1 s at full speed, then ~4 s at 20 %: far below running unthrottled throughout
     assert 0.25 <= busy / wall <= 0.6
+
+
+def test_each_device_has_its_own_token(tmp_path: Path, cuprobe: Path, shim: Path, sim_env: dict[str, str]) -> None:
+    """A process on two GPUs holds two independent tokens (VCUDA_SCHEDULER_<i>): 30 % of
+    GPU 0 and 60 % of GPU 1 at the same time, each charged to its own GPU's scheduler."""
+    admins, daemons, env = [], [], tenant_env(shim, {**sim_env, "VCUDA_SIM_DEVICES": "2"}, tmp_path, "x", None)
+    try:
+        for gpu, share in ((0, 30), (1, 60)):
+            directory = Path(tempfile.mkdtemp(prefix=f"vd{gpu}", dir="/tmp"))
+            daemons.append(spawn_daemon(directory, "--window", "2s", gpu=str(gpu)))
+            admin = AdminClient(directory / "admin.sock")
+            admins.append(admin)
+            admin.wait_ready()
+            reply = admin.call("add", tenant="x", request=share, limit=share)
+            env[f"VCUDA_SCHEDULER_{gpu}"] = str(reply["endpoint"])
+        out = subprocess.run([str(cuprobe), "init", f"spindevs:{KERNEL_US}:5000:{SYNC_EVERY}:2"], env=env,
+                             capture_output=True, text=True, timeout=120)
+        line = next(d for d in parse(out.stdout) if d["cmd"] == "spindevs")
+        assert line["rc"] == "0", out.stderr
+        wall = float(line["wall_us"])
+        shares = [admin.call("stats")["tenants"]["x"]["share"] for admin in admins]
+    finally:
+        for admin in admins:
+            admin.close()
+        for daemon in daemons:
+            daemon.kill()
+            daemon.wait()
+    assert abs(100 * int(line["busy0_us"]) / wall - 30) <= 5, line
+    assert abs(100 * int(line["busy1_us"]) / wall - 60) <= 5, line
+    assert abs(100 * shares[0] - 30) <= 3 and abs(100 * shares[1] - 60) <= 3, shares

@@ -19,8 +19,8 @@ HOOKED = {"cuInit", "cuMemAlloc", "cuMemFree", "cuMemAllocManaged", "cuMemAllocA
           "cuArrayCreate", "cuArray3DCreate", "cuArrayDestroy", "cuMipmappedArrayCreate",
           "cuMipmappedArrayDestroy", "cuMemGetInfo", "cuDeviceTotalMem", "cuDevicePrimaryCtxRetain",
           "cuDevicePrimaryCtxRelease", "cuCtxDestroy", "cuMemAllocPitch", "cuCtxCreate",
-          "cuGetProcAddress", "cuLaunchKernel"}
-PASSED_THROUGH = {"cuCtxSetCurrent", "cuStreamSynchronize", "cuDeviceGetDefaultMemPool"}
+          "cuGetProcAddress", "cuLaunchKernel", "cuCtxSetCurrent"}
+PASSED_THROUGH = {"cuStreamSynchronize", "cuDeviceGetDefaultMemPool"}
 
 
 def base(name: str) -> str:

@@ -105,6 +105,8 @@ VCUDA_API int vcuda_ledger_reclaim_dead(vcuda_ledger_map *map) { return vcuda_le
 VCUDA_API int vcuda_ledger_set_limit(vcuda_ledger_map *map, const char *uuid, uint64_t limit) {
     int dev = vcuda_ledger_device(&map->ledger, uuid);
     if (dev < 0) return -1;
+    /* Pin first: a process naming the device now keeps this limit, not its own. */
+    atomic_store(&map->ledger.file->devices[dev].limit_pinned, 1);
     atomic_store(&map->ledger.file->devices[dev].limit, limit);
     return 0;
 }

@@ -33,7 +33,10 @@ struct vcuda_ledger_device {
     _Atomic uint64_t oom_denials;
     _Atomic uint64_t context_overhead; /* measured bytes per context, 0 = not yet known */
     _Atomic uint64_t overhead_measurer; /* pid measuring it now, 0 = nobody */
-    uint64_t reserved[10];
+    /* 1: `limit` was set through vcuda_ledger_set_limit (the device plugin, live
+     * quota changes) and wins over every process's VCUDA_MEMORY_LIMIT. */
+    _Atomic uint64_t limit_pinned;
+    uint64_t reserved[9];
 };
 
 /* owner = pid << 8 | state, so pid and state change together in one CAS. */

@@ -18,10 +18,9 @@ static pthread_mutex_t proc_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int proc_ready;
 static CUresult proc_status; /* sticky failure: config and driver do not change */
 
-/* Per CUDA ordinal: ledger device index + 1 (0 = not yet named), and the limit. */
+/* Per CUDA ordinal: ledger device index + 1 (0 = not yet named). */
 static struct {
     _Atomic int index_plus_one;
-    uint64_t limit;
     char uuid[VCUDA_LEDGER_UUID_LEN];
 } ordinals[VCUDA_MAX_DEVICES];
 
@@ -89,10 +88,10 @@ static int name_device(CUdevice ordinal, CUresult *rc) {
         *rc = CUDA_ERROR_OPERATING_SYSTEM;
         return -1;
     }
-    uint64_t limit = vcuda_config.memory_limit[ordinal];
-    /* Published for readers (metrics, vcuda top); each process enforces its own. */
-    atomic_store(&vcuda_proc.ledger.file->devices[index].limit, limit);
-    ordinals[ordinal].limit = limit;
+    /* The ledger's limit is the container's: this process's VCUDA_MEMORY_LIMIT
+     * sets it unless the device plugin pinned one (a live quota change). */
+    struct vcuda_ledger_device *d = &vcuda_proc.ledger.file->devices[index];
+    if (!atomic_load(&d->limit_pinned)) atomic_store(&d->limit, vcuda_config.memory_limit[ordinal]);
     memcpy(ordinals[ordinal].uuid, text, sizeof text);
     atomic_store_explicit(&ordinals[ordinal].index_plus_one, index + 1, memory_order_release);
     return index;
@@ -111,7 +110,8 @@ int vcuda_device_index(CUdevice ordinal, uint64_t *limit, CUresult *rc) {
         pthread_mutex_unlock(&proc_lock);
         if (index < 0) return -1;
     }
-    *limit = ordinals[ordinal].limit;
+    /* Read at every allocation, so a limit changed in the ledger applies at once. */
+    *limit = atomic_load_explicit(&vcuda_proc.ledger.file->devices[index].limit, memory_order_relaxed);
     *rc = CUDA_SUCCESS;
     return index;
 }

@@ -190,3 +190,25 @@ def test_nvml_shows_the_quota(shim: Path, probe_env: dict[str, str], cuprobe: Pa
     assert total == LIMIT
     assert used == OVERHEAD + 100 * MiB
     assert free == total - used
+
+
+def test_limit_changed_in_the_ledger_applies_to_running_processes(cuprobe: Path,
+                                                                  probe_env: dict[str, str]) -> None:
+    """A live quota change (the device plugin's Ledger.set_limit) reaches a process that is
+    already running, and wins over a later process's own VCUDA_MEMORY_LIMIT."""
+    proc = start_holding(cuprobe, probe_env, ["init", "ctx", f"alloc:{256 * MiB}", "hold", f"alloc:{512 * MiB}"])
+    try:
+        assert wait_holding(proc)[-1]["rc"] == "0"
+        with Ledger(probe_env["VCUDA_LEDGER"]) as ledger:
+            (dev,) = ledger.devices()
+            assert dev.limit == LIMIT
+            ledger.set_limit(dev.uuid, 512 * MiB)  # below 256 MiB held + overhead + 512 MiB more
+        (after,) = resume([proc])
+        assert after[-1]["cmd"] == "alloc" and after[-1]["rc"] == "2"  # CUDA_ERROR_OUT_OF_MEMORY
+    finally:
+        finish(proc)
+    env = dict(probe_env, VCUDA_MEMORY_LIMIT=str(4 * LIMIT))
+    out = subprocess.run([str(cuprobe), "init", "ctx", "info"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    info = next(d for d in parse(out.stdout) if d["cmd"] == "info")
+    assert int(info["total"]) == 512 * MiB, out.stderr  # the pinned limit, not 4 GiB

@@ -11,6 +11,8 @@ simulated GPUs. A kernel runs for the microseconds in the ``uint64_t`` its
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -18,6 +20,7 @@ from types import TracebackType
 import cffi
 
 from py_vcuda import native
+from py_vcuda.nvml import NVML
 
 _CDEF = """
 typedef struct vcudasim_state vcudasim_state;
@@ -26,6 +29,8 @@ typedef struct vcudasim_config {
     uint32_t max_pending;
     int32_t driver_version;
     uint64_t context_overhead;
+    uint32_t nvswitch;
+    uint32_t reserved;
 } vcudasim_config;
 typedef struct vcudasim_device {
     uint32_t index;
@@ -37,6 +42,11 @@ typedef struct vcudasim_device {
     uint64_t busy_ns;
     uint64_t kernels;
     uint64_t busy_until_ns;
+    int32_t numa_node;
+    uint32_t nvlink_peers;
+    uint32_t lost;
+    uint32_t reserved;
+    uint64_t xids;
 } vcudasim_device;
 typedef struct vcudasim_process {
     int32_t pid;
@@ -54,9 +64,11 @@ int vcudasim_device_info(vcudasim_state *st, unsigned dev, vcudasim_device *out)
 int vcudasim_processes(vcudasim_state *st, unsigned dev, vcudasim_process *out, int cap);
 uint64_t vcudasim_busy_in_window(vcudasim_state *st, unsigned dev, uint64_t window_ns);
 uint64_t vcudasim_now_ns(void);
+int64_t vcudasim_inject_xid(vcudasim_state *st, unsigned dev, uint64_t xid);
+int vcudasim_set_lost(vcudasim_state *st, unsigned dev, int lost);
 """
 
-API_VERSION = 1
+API_VERSION = 2
 GiB = 1 << 30
 MiB = 1 << 20
 
@@ -77,6 +89,9 @@ class SimConfig:
     names: list[str] | None = None
     driver_version: int = 13000
     max_pending: int = 1024
+    numa: list[int] | None = None  # NUMA node per device (-1: none); None: no NUMA at all
+    nvlink: list[tuple[int, int]] | None = None  # device pairs joined by one NVLink
+    nvswitch: bool = False  # every device on one NVSwitch fabric (instead of nvlink pairs)
 
     def env(self) -> dict[str, str]:
         """Environment variables a child process needs to use this simulator."""
@@ -94,6 +109,12 @@ class SimConfig:
             env["VCUDA_SIM_UUIDS"] = ",".join(self.uuids)
         if self.names:
             env["VCUDA_SIM_NAMES"] = ",".join(self.names)
+        if self.numa is not None:
+            env["VCUDA_SIM_NUMA"] = ",".join(str(n) for n in self.numa)
+        if self.nvswitch:
+            env["VCUDA_SIM_NVLINK"] = "switch"
+        elif self.nvlink:
+            env["VCUDA_SIM_NVLINK"] = ",".join(f"{a}-{b}" for a, b in self.nvlink)
         return env
 
     def reset(self) -> None:
@@ -112,6 +133,10 @@ class DeviceStats:
     kernels: int
     busy_until_ns: int  # CLOCK_MONOTONIC
     processes: int
+    numa_node: int = -1  # -1: none configured
+    nvlink_peers: frozenset[int] = frozenset()
+    lost: bool = False
+    xids: int = 0  # XIDs injected so far
 
 
 @dataclass(frozen=True)
@@ -176,11 +201,15 @@ class SimReader:
         c = _ffi.new("vcudasim_config *")
         self._lib.vcudasim_get_config(self._state(), c)
         devs = [self.device(i) for i in range(c.devices)]
+        numa = [d.numa_node for d in devs]
+        links = sorted({(min(d.index, p), max(d.index, p)) for d in devs for p in d.nvlink_peers})
         return SimConfig(
             state_path=Path(self.path), devices=c.devices,
             memory=devs[0].capacity if devs else 0, context_overhead=c.context_overhead,
             uuids=[d.uuid for d in devs], names=[d.name for d in devs],
             driver_version=c.driver_version, max_pending=c.max_pending,
+            numa=None if all(n < 0 for n in numa) else numa, nvlink=links or None,
+            nvswitch=bool(c.nvswitch),
         )
 
     def device_count(self) -> int:
@@ -195,7 +224,9 @@ class SimReader:
         return DeviceStats(
             index=d.index, uuid=_ffi.string(d.uuid).decode(), name=_ffi.string(d.name).decode(),
             capacity=d.capacity, used=d.used, busy_ns=d.busy_ns, kernels=d.kernels,
-            busy_until_ns=d.busy_until_ns, processes=d.processes,
+            busy_until_ns=d.busy_until_ns, processes=d.processes, numa_node=d.numa_node,
+            nvlink_peers=frozenset(i for i in range(32) if d.nvlink_peers >> i & 1),
+            lost=bool(d.lost), xids=d.xids,
         )
 
     def devices(self) -> list[DeviceStats]:
@@ -222,3 +253,45 @@ class SimReader:
 
     def now_ns(self) -> int:
         return int(self._lib.vcudasim_now_ns())
+
+    def inject_xid(self, device: int, xid: int) -> int:
+        """Raises XID ``xid`` on the device: an NVML XID event for every process
+        registered for it. Returns the event's sequence number on the device."""
+        seq = int(self._lib.vcudasim_inject_xid(self._state(), device, xid))
+        if seq < 0:
+            raise SimError(f"no simulated device {device} in {self.path}")
+        return seq
+
+    def set_lost(self, device: int, lost: bool = True) -> None:
+        """Makes the device fall off the bus (NVML says GPU_IS_LOST) or come back."""
+        if self._lib.vcudasim_set_lost(self._state(), device, 1 if lost else 0) != 0:
+            raise SimError(f"no simulated device {device} in {self.path}")
+
+
+@contextmanager
+def nvml_session(cfg: SimConfig) -> Iterator[NVML]:
+    """An NVML session on this simulator inside this process (tests, demos).
+
+    The simulator reads ``VCUDA_SIM_*`` when NVML initialises, so they are set
+    only for that moment. The process's first session picks the state file:
+    NVML keeps it open while any session is, as the real library keeps its
+    driver.
+    """
+    env = cfg.env()
+    optional = ("VCUDA_SIM_UUIDS", "VCUDA_SIM_NAMES", "VCUDA_SIM_NUMA", "VCUDA_SIM_NVLINK")
+    saved = {k: os.environ.get(k) for k in (*env, *optional)}
+    for k in optional:
+        os.environ.pop(k, None)  # an unset knob means its default, whatever this process has
+    os.environ.update(env)
+    try:
+        nvml = NVML(env["VCUDA_REAL_LIBNVML"])
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    try:
+        yield nvml
+    finally:
+        nvml.close()

@@ -24,7 +24,20 @@
  *    every allocation and array made in that context; VMM handles are
  *    per process and survive it.
  *  - A process's memory is returned when it exits or dies (pid + start time
- *    identify it). */
+ *    identify it).
+ *  - Topology (NVML): device i is PCI 0000:(0x10+i):00.0; VCUDA_SIM_NUMA
+ *    (0,0,1,1) gives NUMA nodes (unset: NVML_ERROR_NOT_SUPPORTED) and CPU
+ *    affinity (the machine's CPUs split evenly among the nodes);
+ *    VCUDA_SIM_NVLINK (0-1,2-3) one NVLink per pair, link k of a device
+ *    leading to its k-th peer by index; VCUDA_SIM_NVLINK=switch: 18 active
+ *    links per device, link k to NVSwitch k % 4 (PCI 0000:(0xC0+k%4):00.0,
+ *    remote device type SWITCH); common ancestor: SYSTEM across NUMA nodes,
+ *    NODE otherwise.
+ *  - XID events (nvmlEventTypeXidCriticalError) come only from
+ *    vcudasim_inject_xid and reach every event set registered on the device
+ *    before the injection, in every process; each device keeps its last 64.
+ *  - A lost device (vcudasim_set_lost) answers every NVML query with
+ *    NVML_ERROR_GPU_IS_LOST; CUDA is not affected. */
 #ifndef VCUDASIM_H
 #define VCUDASIM_H
 
@@ -34,7 +47,7 @@
 extern "C" {
 #endif
 
-#define VCUDASIM_API_VERSION 1
+#define VCUDASIM_API_VERSION 2 /* 2: topology, XID injection, lost devices */
 
 typedef struct vcudasim_state vcudasim_state; /* an open state file */
 
@@ -43,6 +56,8 @@ typedef struct vcudasim_config {
     uint32_t max_pending;    /* queued kernels per stream before a launch blocks */
     int32_t driver_version;  /* e.g. 13000 */
     uint64_t context_overhead; /* bytes charged per context */
+    uint32_t nvswitch;       /* 1: VCUDA_SIM_NVLINK=switch */
+    uint32_t reserved;
 } vcudasim_config;
 
 typedef struct vcudasim_device {
@@ -55,6 +70,11 @@ typedef struct vcudasim_device {
     uint64_t busy_ns;        /* all kernels ever queued, dead processes included */
     uint64_t kernels;        /* likewise */
     uint64_t busy_until_ns;  /* CLOCK_MONOTONIC end of the last queued kernel */
+    int32_t numa_node;       /* -1: none configured */
+    uint32_t nvlink_peers;   /* bit i: NVLink to device i */
+    uint32_t lost;           /* 1 while vcudasim_set_lost(..., 1) */
+    uint32_t reserved;
+    uint64_t xids;           /* XIDs injected so far */
 } vcudasim_device;
 
 typedef struct vcudasim_process {
@@ -88,6 +108,15 @@ int vcudasim_processes(vcudasim_state *st, unsigned dev, vcudasim_process *out, 
 uint64_t vcudasim_busy_in_window(vcudasim_state *st, unsigned dev, uint64_t window_ns);
 
 uint64_t vcudasim_now_ns(void); /* CLOCK_MONOTONIC, the timeline's clock */
+
+/* Raises XID xid on dev: an nvmlEventTypeXidCriticalError event with
+ * eventData = xid for every event set registered on dev. Returns the event's
+ * sequence number on the device (1, 2, ...), or -1 for a bad index. */
+int64_t vcudasim_inject_xid(vcudasim_state *st, unsigned dev, uint64_t xid);
+
+/* lost != 0: dev "falls off the bus" (NVML_ERROR_GPU_IS_LOST); 0: it is back.
+ * 0 on success, -1 for a bad index. */
+int vcudasim_set_lost(vcudasim_state *st, unsigned dev, int lost);
 
 #ifdef __cplusplus
 }

@@ -70,6 +70,76 @@ static void split_list(const char *list, char dst[][SIM_STR], unsigned n)
     }
 }
 
+/* VCUDA_SIM_NUMA=0,0,1,1: the NUMA node of each device (-1: none); unset:
+ * no NUMA information at all. A list shorter than the devices is an error. */
+static int parse_numa(const char *list, struct sim_config *cfg, char *err, size_t errlen)
+{
+    for (unsigned i = 0; i < cfg->ndev; i++)
+        cfg->numa[i] = -1;
+    if (!list || !*list)
+        return 0;
+    const char *p = list;
+    for (unsigned i = 0; i < cfg->ndev; i++) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < -1 || v > 1023 || (*end != ',' && *end != '\0')) {
+            snprintf(err, errlen, "VCUDA_SIM_NUMA=%s: entry %u is not a NUMA node (-1..1023)",
+                     list, i);
+            return -1;
+        }
+        cfg->numa[i] = (int32_t)v;
+        if (*end == '\0') {
+            if (i + 1 != cfg->ndev) {
+                snprintf(err, errlen, "VCUDA_SIM_NUMA=%s: %u entries for %u devices", list,
+                         i + 1, cfg->ndev);
+                return -1;
+            }
+            return 0;
+        }
+        p = end + 1;
+    }
+    snprintf(err, errlen, "VCUDA_SIM_NUMA=%s: more entries than the %u devices", list,
+             cfg->ndev);
+    return -1;
+}
+
+/* VCUDA_SIM_NVLINK=0-1,2-3: one NVLink between each pair of devices;
+ * VCUDA_SIM_NVLINK=switch: every device on one NVSwitch fabric. */
+static int parse_nvlink(const char *list, struct sim_config *cfg, char *err, size_t errlen)
+{
+    if (!list || !*list)
+        return 0;
+    if (strcmp(list, "switch") == 0) {
+        cfg->nvswitch = true;
+        return 0;
+    }
+    const char *p = list;
+    for (;;) {
+        char *end;
+        errno = 0;
+        unsigned long a = strtoul(p, &end, 10), b = 0;
+        bool ok = !errno && end != p && *end == '-' && isdigit((unsigned char)p[0]);
+        if (ok) {
+            p = end + 1;
+            b = strtoul(p, &end, 10);
+            ok = !errno && end != p && isdigit((unsigned char)p[0]) &&
+                 (*end == ',' || *end == '\0');
+        }
+        if (!ok || a >= cfg->ndev || b >= cfg->ndev || a == b) {
+            snprintf(err, errlen,
+                     "VCUDA_SIM_NVLINK=%s: want pairs of distinct device indexes below %u, "
+                     "like 0-1,2-3, or switch", list, cfg->ndev);
+            return -1;
+        }
+        cfg->nvlink_peers[a] |= 1u << b;
+        cfg->nvlink_peers[b] |= 1u << a;
+        if (*end == '\0')
+            return 0;
+        p = end + 1;
+    }
+}
+
 int sim_config_from_env(struct sim_config *cfg, char *err, size_t errlen)
 {
     uint64_t ndev, max_pending, driver;
@@ -95,6 +165,9 @@ int sim_config_from_env(struct sim_config *cfg, char *err, size_t errlen)
     cfg->ndev = (uint32_t)ndev;
     cfg->max_pending = (uint32_t)max_pending;
     cfg->driver_version = (int32_t)driver;
+    if (parse_numa(getenv("VCUDA_SIM_NUMA"), cfg, err, errlen) ||
+        parse_nvlink(getenv("VCUDA_SIM_NVLINK"), cfg, err, errlen))
+        return -1;
     for (unsigned i = 0; i < cfg->ndev; i++) {
         /* Deterministic, real-looking UUIDs: GPU-5157a0c0-0000-4000-8000-00000000000<i>. */
         snprintf(cfg->uuid[i], SIM_STR, "GPU-5157a0c0-%04x-4000-8000-%012x", i, i);

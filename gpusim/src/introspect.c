@@ -58,7 +58,8 @@ VS_EXPORT int vcudasim_get_config(vcudasim_state *st, vcudasim_config *out)
     *out = (vcudasim_config){.devices = st->sh->ndev,
                              .max_pending = st->sh->max_pending,
                              .driver_version = st->sh->driver_version,
-                             .context_overhead = st->sh->ctx_overhead};
+                             .context_overhead = st->sh->ctx_overhead,
+                             .nvswitch = st->sh->nvswitch};
     return 0;
 }
 
@@ -84,6 +85,10 @@ VS_EXPORT int vcudasim_device_info(vcudasim_state *st, unsigned dev, vcudasim_de
     out->busy_ns = d->busy_ns;
     out->kernels = d->kernels;
     out->busy_until_ns = d->busy_until_ns;
+    out->numa_node = d->numa_node;
+    out->nvlink_peers = d->nvlink_peers;
+    out->lost = __atomic_load_n(&d->lost, __ATOMIC_ACQUIRE);
+    out->xids = d->xid_seq;
     for (uint32_t i = 0; i < sh->nproc_hw; i++)
         if (proc_on(&sh->proc[i], dev) && (sh->proc[i].used[dev] || sh->proc[i].contexts[dev]))
             out->processes++;
@@ -127,4 +132,19 @@ VS_EXPORT uint64_t vcudasim_busy_in_window(vcudasim_state *st, unsigned dev, uin
 VS_EXPORT uint64_t vcudasim_now_ns(void)
 {
     return sim_now_ns();
+}
+
+VS_EXPORT int64_t vcudasim_inject_xid(vcudasim_state *st, unsigned dev, uint64_t xid)
+{
+    if (!st || dev >= st->sh->ndev)
+        return -1;
+    return (int64_t)sim_xid_post(st->sh, dev, xid);
+}
+
+VS_EXPORT int vcudasim_set_lost(vcudasim_state *st, unsigned dev, int lost)
+{
+    if (!st || dev >= st->sh->ndev)
+        return -1;
+    __atomic_store_n(&st->sh->dev[dev].lost, lost ? 1u : 0u, __ATOMIC_RELEASE);
+    return 0;
 }

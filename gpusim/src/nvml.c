@@ -3,9 +3,11 @@
  * ignored, as by the real NVML. */
 #define _GNU_SOURCE
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-#include <vcuda/nvml_abi.h>
+#include "nvml_topo_abi.h"
 
 #include "sim.h"
 
@@ -40,7 +42,30 @@
       (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos))                \
     X(nvmlDeviceGetTemperature,                                                                \
       (nvmlDevice_t device, nvmlTemperatureSensors_t sensorType, unsigned int *temp))          \
-    X(nvmlDeviceGetPowerUsage, (nvmlDevice_t device, unsigned int *power))
+    X(nvmlDeviceGetPowerUsage, (nvmlDevice_t device, unsigned int *power))                     \
+    /* topology (topology section below) */                                                    \
+    X(nvmlDeviceGetPciInfo_v3, (nvmlDevice_t device, nvmlPciInfo_t *pci))                      \
+    X(nvmlDeviceGetHandleByPciBusId, (const char *pciBusId, nvmlDevice_t *device))             \
+    X(nvmlDeviceGetHandleByPciBusId_v2, (const char *pciBusId, nvmlDevice_t *device))          \
+    X(nvmlDeviceGetNumaNodeId, (nvmlDevice_t device, unsigned int *node))                      \
+    X(nvmlDeviceGetCpuAffinity,                                                                \
+      (nvmlDevice_t device, unsigned int cpuSetSize, unsigned long *cpuSet))                   \
+    X(nvmlDeviceGetNvLinkState,                                                                \
+      (nvmlDevice_t device, unsigned int link, nvmlEnableState_t *isActive))                   \
+    X(nvmlDeviceGetNvLinkRemotePciInfo_v2,                                                     \
+      (nvmlDevice_t device, unsigned int link, nvmlPciInfo_t *pci))                            \
+    X(nvmlDeviceGetNvLinkRemoteDeviceType,                                                     \
+      (nvmlDevice_t device, unsigned int link, nvmlIntNvLinkDeviceType_t *pNvLinkDeviceType))  \
+    X(nvmlDeviceGetTopologyCommonAncestor,                                                     \
+      (nvmlDevice_t device1, nvmlDevice_t device2, nvmlGpuTopologyLevel_t *pathInfo))          \
+    /* events (events section below) */                                                        \
+    X(nvmlEventSetCreate, (nvmlEventSet_t *set))                                               \
+    X(nvmlEventSetFree, (nvmlEventSet_t set))                                                  \
+    X(nvmlDeviceGetSupportedEventTypes, (nvmlDevice_t device, unsigned long long *eventTypes)) \
+    X(nvmlDeviceRegisterEvents,                                                                \
+      (nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set))                \
+    X(nvmlEventSetWait, (nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms))   \
+    X(nvmlEventSetWait_v2, (nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms))
 
 #define NVML_DECLARE(name, params) NVML_EXPORT nvmlReturn_t name params;
 SIM_NVML_API(NVML_DECLARE)
@@ -122,6 +147,9 @@ static struct sim_shared *state(void)
     return __atomic_load_n(&nsh, __ATOMIC_ACQUIRE);
 }
 
+/* The device behind a handle. Every query on a device goes through here, so
+ * a device marked lost (vcudasim_set_lost) fails them all, as a GPU that fell
+ * off the bus does; handles themselves stay valid. */
 static nvmlReturn_t device_of(nvmlDevice_t h, struct sim_shared **sh, unsigned *index)
 {
     const struct nvml_device *d = (const struct nvml_device *)h;
@@ -130,6 +158,8 @@ static nvmlReturn_t device_of(nvmlDevice_t h, struct sim_shared **sh, unsigned *
     if (!d || d < devices || d >= devices + SIM_MAX_DEVICES || d->magic != NVML_DEV_MAGIC ||
         d->index >= (*sh)->ndev)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (__atomic_load_n(&(*sh)->dev[d->index].lost, __ATOMIC_ACQUIRE))
+        return NVML_ERROR_GPU_IS_LOST;
     *index = d->index;
     return NVML_SUCCESS;
 }
@@ -390,4 +420,357 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned i
     if (rc == NVML_SUCCESS)
         *power = 75000; /* milliwatts */
     return rc;
+}
+
+/* ---- topology: PCI addresses, NUMA, NVLink ----
+ * Device i sits at PCI 0000:(0x10 + i):00.0, as cuDeviceGetPCIBusId says.
+ * With NVLink peers (VCUDA_SIM_NVLINK) a device has NVML_NVLINK_MAX_LINKS
+ * links; link k leads to its k-th peer in index order, the rest are down.
+ * On an NVSwitch fabric every link is up and leads to switch k % 4, at PCI
+ * 0000:(0xC0 + k % 4):00.0. */
+
+#define SIM_SWITCH_BUS 0xC0
+
+static void pci_at(unsigned bus, unsigned device_id, nvmlPciInfo_t *pci)
+{
+    memset(pci, 0, sizeof *pci);
+    pci->domain = 0;
+    pci->bus = bus & 0xff;
+    pci->device = 0;
+    pci->pciDeviceId = device_id << 16 | 0x10DEu; /* NVIDIA's vendor id */
+    pci->pciSubSystemId = 0x16C110DEu;
+    bus &= 0xff;
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "0000:%02X:00.0", bus);
+    snprintf(pci->busId, sizeof pci->busId, "00000000:%02X:00.0", bus);
+}
+
+static void pci_of(unsigned i, nvmlPciInfo_t *pci)
+{
+    pci_at(0x10 + i, 0x2330, pci); /* an H100's device id */
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    struct sim_shared *sh;
+    unsigned i;
+    nvmlReturn_t rc = device_of(device, &sh, &i);
+    if (rc == NVML_SUCCESS && !pci)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        pci_of(i, pci);
+    return rc;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId,
+                                                          nvmlDevice_t *device)
+{
+    struct sim_shared *sh = state();
+    unsigned domain, bus, dev, fn;
+    char tail;
+    if (!sh)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!pciBusId || !device ||
+        sscanf(pciBusId, "%x:%x:%x.%x%c", &domain, &bus, &dev, &fn, &tail) != 4)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned i = 0; i < sh->ndev; i++) {
+        if (domain == 0 && bus == 0x10 + i && dev == 0 && fn == 0) {
+            if (__atomic_load_n(&sh->dev[i].lost, __ATOMIC_ACQUIRE))
+                return NVML_ERROR_GPU_IS_LOST;
+            *device = (nvmlDevice_t)&devices[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevice_t *device)
+{
+    return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node)
+{
+    struct sim_shared *sh;
+    unsigned i;
+    nvmlReturn_t rc = device_of(device, &sh, &i);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!node)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (sh->dev[i].numa_node < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *node = (unsigned)sh->dev[i].numa_node;
+    return NVML_SUCCESS;
+}
+
+/* The simulated NUMA nodes split this machine's CPUs into equal consecutive
+ * ranges (node n of N gets CPUs [n*C/N, (n+1)*C/N)), so affinity masks are
+ * plausible and disjoint between nodes. */
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int cpuSetSize,
+                                                  unsigned long *cpuSet)
+{
+    struct sim_shared *sh;
+    unsigned i;
+    nvmlReturn_t rc = device_of(device, &sh, &i);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!cpuSet || cpuSetSize == 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int32_t node = sh->dev[i].numa_node, nodes = 0;
+    if (node < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned k = 0; k < sh->ndev; k++)
+        if (sh->dev[k].numa_node >= nodes)
+            nodes = sh->dev[k].numa_node + 1;
+    long ncpu = sysconf(_SC_NPROCESSORS_CONF);
+    if (ncpu < 1)
+        ncpu = 1;
+    unsigned long lo = (unsigned long)node * (unsigned long)ncpu / (unsigned long)nodes;
+    unsigned long hi = ((unsigned long)node + 1) * (unsigned long)ncpu / (unsigned long)nodes;
+    if (hi == lo) /* more nodes than CPUs: share one */
+        hi = (lo = (unsigned long)node % (unsigned long)ncpu) + 1;
+    const unsigned long bits = 8 * sizeof(unsigned long);
+    memset(cpuSet, 0, cpuSetSize * sizeof *cpuSet);
+    for (unsigned long c = lo; c < hi && c < cpuSetSize * bits; c++)
+        cpuSet[c / bits] |= 1ul << (c % bits);
+    return NVML_SUCCESS;
+}
+
+/* What is at the other end of a device's link: a GPU's index, SIM_PEER_SWITCH
+ * + the switch number, or -1 when the link is down. NOT_SUPPORTED for a
+ * device without NVLink, INVALID_ARGUMENT past the last link. */
+#define SIM_PEER_SWITCH 1000
+static nvmlReturn_t link_peer(nvmlDevice_t device, unsigned link, int *peer)
+{
+    struct sim_shared *sh;
+    unsigned i;
+    nvmlReturn_t rc = device_of(device, &sh, &i);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    uint32_t peers = sh->dev[i].nvlink_peers;
+    if (!peers && !sh->nvswitch)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= NVML_NVLINK_MAX_LINKS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (sh->nvswitch) {
+        *peer = link < SIM_SWITCH_LINKS ? SIM_PEER_SWITCH + (int)(link % SIM_NVSWITCHES) : -1;
+        return NVML_SUCCESS;
+    }
+    *peer = -1;
+    for (unsigned k = 0, n = 0; k < sh->ndev; k++)
+        if (peers & (1u << k) && n++ == link)
+            *peer = (int)k;
+    return NVML_SUCCESS;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
+                                                  nvmlEnableState_t *isActive)
+{
+    int peer;
+    if (!isActive)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = link_peer(device, link, &peer);
+    if (rc == NVML_SUCCESS)
+        *isActive = peer >= 0 ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return rc;
+}
+
+/* The peer at the other end of an active link; NOT_SUPPORTED for a down link
+ * (nothing there), INVALID_ARGUMENT when the caller gave no output. */
+static nvmlReturn_t remote_end(nvmlDevice_t device, unsigned link, const void *out, int *peer)
+{
+    if (!out)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = link_peer(device, link, peer);
+    return rc == NVML_SUCCESS && *peer < 0 ? NVML_ERROR_NOT_SUPPORTED : rc;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device,
+                                                             unsigned int link,
+                                                             nvmlPciInfo_t *pci)
+{
+    int peer;
+    nvmlReturn_t rc = remote_end(device, link, pci, &peer);
+    if (rc == NVML_SUCCESS && peer >= SIM_PEER_SWITCH)
+        pci_at(SIM_SWITCH_BUS + (unsigned)(peer - SIM_PEER_SWITCH), 0x22A3, pci); /* NVSwitch */
+    else if (rc == NVML_SUCCESS)
+        pci_of((unsigned)peer, pci);
+    return rc;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device,
+                                                             unsigned int link,
+                                                             nvmlIntNvLinkDeviceType_t *type)
+{
+    int peer;
+    nvmlReturn_t rc = remote_end(device, link, type, &peer);
+    if (rc == NVML_SUCCESS)
+        *type = peer >= SIM_PEER_SWITCH ? NVML_NVLINK_DEVICE_TYPE_SWITCH
+                                        : NVML_NVLINK_DEVICE_TYPE_GPU;
+    return rc;
+}
+
+/* PCIe path between two GPUs (NVLink is not a PCIe path, as in NVML): the
+ * same device is INTERNAL, GPUs on different NUMA nodes meet at SYSTEM
+ * (across the CPU interconnect), all others at NODE (one CPU's host bridges). */
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1,
+                                                             nvmlDevice_t device2,
+                                                             nvmlGpuTopologyLevel_t *pathInfo)
+{
+    struct sim_shared *sh;
+    unsigned a, b;
+    nvmlReturn_t rc = device_of(device1, &sh, &a);
+    if (rc == NVML_SUCCESS)
+        rc = device_of(device2, &sh, &b);
+    if (rc == NVML_SUCCESS && !pathInfo)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc != NVML_SUCCESS)
+        return rc;
+    int32_t na = sh->dev[a].numa_node, nb = sh->dev[b].numa_node;
+    if (a == b)
+        *pathInfo = NVML_TOPOLOGY_INTERNAL;
+    else if (na >= 0 && nb >= 0 && na != nb)
+        *pathInfo = NVML_TOPOLOGY_SYSTEM;
+    else
+        *pathInfo = NVML_TOPOLOGY_NODE;
+    return NVML_SUCCESS;
+}
+
+/* ---- events: XIDs injected through the shared state (events.c) ----
+ * An event set is process-local: per device the event types registered and
+ * the sequence number of the last XID it delivered. */
+
+#define NVML_EVENT_SET_MAGIC 0x45565354u
+#define SIM_SUPPORTED_EVENTS nvmlEventTypeXidCriticalError
+
+struct nvmlEventSet_st {
+    uint32_t magic;
+    unsigned next; /* device to look at first: no device starves the others */
+    unsigned long long types[SIM_MAX_DEVICES];
+    uint64_t seen[SIM_MAX_DEVICES];
+};
+
+static nvmlReturn_t event_set_of(nvmlEventSet_t set)
+{
+    if (!state())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set || set->magic != NVML_EVENT_SET_MAGIC)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    if (!state())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct nvmlEventSet_st *s = calloc(1, sizeof *s);
+    if (!s)
+        return NVML_ERROR_UNKNOWN;
+    s->magic = NVML_EVENT_SET_MAGIC;
+    *set = s;
+    return NVML_SUCCESS;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    nvmlReturn_t rc = event_set_of(set);
+    if (rc == NVML_SUCCESS) {
+        set->magic = 0;
+        free(set);
+    }
+    return rc;
+}
+
+NVML_EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
+                                                          unsigned long long *eventTypes)
+{
+    struct sim_shared *sh;
+    unsigned i;
+    nvmlReturn_t rc = device_of(device, &sh, &i);
+    if (rc == NVML_SUCCESS && !eventTypes)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *eventTypes = SIM_SUPPORTED_EVENTS;
+    return rc;
+}
+
+/* Delivers events injected from now on (as NVML: nothing from before). */
+NVML_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device,
+                                                  unsigned long long eventTypes,
+                                                  nvmlEventSet_t set)
+{
+    struct sim_shared *sh;
+    unsigned i;
+    nvmlReturn_t rc = device_of(device, &sh, &i);
+    if (rc == NVML_SUCCESS)
+        rc = event_set_of(set);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (eventTypes & ~SIM_SUPPORTED_EVENTS)
+        return NVML_ERROR_NOT_SUPPORTED;
+    sim_lock(sh);
+    if (!(set->types[i] & nvmlEventTypeXidCriticalError))
+        set->seen[i] = sh->dev[i].xid_seq;
+    set->types[i] |= eventTypes;
+    sim_unlock(sh);
+    return NVML_SUCCESS;
+}
+
+static bool take_event(struct sim_shared *sh, nvmlEventSet_t set, nvmlEventData_t *data,
+                       bool legacy)
+{
+    bool found = false;
+    sim_lock(sh);
+    for (unsigned k = 0; k < sh->ndev && !found; k++) {
+        unsigned d = (set->next + k) % sh->ndev;
+        uint64_t xid;
+        if (!(set->types[d] & nvmlEventTypeXidCriticalError) ||
+            !sim_xid_next(sh, d, &set->seen[d], &xid))
+            continue;
+        data->device = (nvmlDevice_t)&devices[d];
+        data->eventType = nvmlEventTypeXidCriticalError;
+        data->eventData = xid;
+        if (!legacy)
+            data->gpuInstanceId = data->computeInstanceId = NVML_NO_INSTANCE;
+        set->next = d + 1;
+        found = true;
+    }
+    sim_unlock(sh);
+    return found;
+}
+
+/* One event, or NVML_ERROR_TIMEOUT after timeoutms. Sleeps on the shared
+ * futex between looks: no CPU is spent while nothing happens. */
+static nvmlReturn_t event_wait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned timeoutms,
+                               bool legacy)
+{
+    nvmlReturn_t rc = event_set_of(set);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (!data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct sim_shared *sh = state();
+    uint64_t deadline = sim_now_ns() + (uint64_t)timeoutms * 1000000ull;
+    for (;;) {
+        uint32_t gen = sim_event_gen(sh);
+        if (take_event(sh, set, data, legacy))
+            return NVML_SUCCESS;
+        if (sim_now_ns() >= deadline)
+            return NVML_ERROR_TIMEOUT;
+        sim_event_sleep(sh, gen, deadline);
+    }
+}
+
+NVML_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
+                                             unsigned int timeoutms)
+{
+    return event_wait(set, data, timeoutms, false);
+}
+
+NVML_EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data,
+                                          unsigned int timeoutms)
+{
+    return event_wait(set, data, timeoutms, true);
 }

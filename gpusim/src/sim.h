@@ -18,11 +18,14 @@
 #include <vcuda/cuda_abi.h>
 
 #define SIM_MAGIC 0x4d49534144554356ULL /* "VCUDASIM" */
-#define SIM_VERSION 1u
+#define SIM_VERSION 2u /* 2: NUMA, NVLink, XID events, lost flag */
 #define SIM_MAX_DEVICES 16
 #define SIM_MAX_PROCS 1024
 #define SIM_RUNS 512 /* busy runs kept per device for utilization */
 #define SIM_STR 96
+#define SIM_XID_RING 64 /* XID events kept per device for late readers */
+#define SIM_NVSWITCHES 4 /* VCUDA_SIM_NVLINK=switch: every GPU's links spread over 4 switches, */
+#define SIM_SWITCH_LINKS 18 /* 18 links per GPU, as on an HGX H100 board */
 #define SIM_ADDR_BASE 0x100000000000ULL /* fake device addresses start here */
 #define SIM_VMM_GRANULARITY (2ull << 20)
 
@@ -33,10 +36,22 @@ struct sim_run {
     uint64_t start_ns, end_ns;
 };
 
+/* One injected XID; slot seq % SIM_XID_RING of its device's ring. */
+struct sim_xid {
+    uint64_t seq; /* 1, 2, ... per device */
+    uint64_t xid;
+};
+
 struct sim_device {
     char uuid[SIM_STR];
     char name[SIM_STR];
     uint64_t capacity;
+    int32_t numa_node;     /* -1: no NUMA information (NVML_ERROR_NOT_SUPPORTED) */
+    uint32_t nvlink_peers; /* bit i: one NVLink to physical device i */
+    uint32_t lost;         /* atomic; 1: NVML queries return NVML_ERROR_GPU_IS_LOST */
+    uint32_t pad;
+    uint64_t xid_seq;      /* sequence number of the last XID injected; under the lock */
+    struct sim_xid xids[SIM_XID_RING];
     uint64_t busy_until_ns; /* end of the last kernel queued: timeline tail */
     uint64_t busy_ns;       /* all kernels ever queued, dead processes included */
     uint64_t kernels;
@@ -68,6 +83,10 @@ struct sim_shared {
     int32_t driver_version;
     uint32_t nproc_hw; /* slots [0, nproc_hw) may be in use */
     uint64_t next_addr;
+    /* Futex word bumped after every XID injection: event waiters in any
+     * process sleep on it instead of polling. */
+    uint32_t event_gen;
+    uint32_t nvswitch; /* 1: all GPUs on an NVSwitch fabric (nvlink_peers unused) */
     struct sim_device dev[SIM_MAX_DEVICES];
     struct sim_proc proc[SIM_MAX_PROCS];
 };
@@ -81,6 +100,9 @@ struct sim_config {
     uint32_t max_pending;
     char uuid[SIM_MAX_DEVICES][SIM_STR];
     char name[SIM_MAX_DEVICES][SIM_STR];
+    int32_t numa[SIM_MAX_DEVICES];
+    uint32_t nvlink_peers[SIM_MAX_DEVICES];
+    bool nvswitch;
 };
 
 /* config.c */
@@ -102,6 +124,16 @@ void sim_reap_dead(struct sim_shared *sh); /* reclaim dead processes' memory */
 uint64_t sim_device_used(const struct sim_shared *sh, unsigned phys);
 uint64_t sim_utilization_window(struct sim_shared *sh, unsigned phys, uint64_t now,
                                 uint64_t window_ns); /* busy ns in (now-window, now] */
+
+/* events.c: XID events, shared by every process on the state file. */
+uint64_t sim_xid_post(struct sim_shared *sh, unsigned phys, uint64_t xid); /* its seq */
+/* The oldest XID of phys after seq *seen that is still in the ring; advances
+ * *seen past it. Caller holds the shared lock. false: none newer. */
+bool sim_xid_next(const struct sim_shared *sh, unsigned phys, uint64_t *seen, uint64_t *xid);
+uint32_t sim_event_gen(struct sim_shared *sh); /* read before looking for events */
+/* Sleeps until an XID is posted after gen was read, or until deadline_ns
+ * (CLOCK_MONOTONIC); may return early. */
+void sim_event_sleep(struct sim_shared *sh, uint32_t gen, uint64_t deadline_ns);
 
 /* ---- process-local state (libvcuda-sim-cuda only) ---- */
 

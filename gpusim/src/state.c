@@ -31,10 +31,13 @@ static void init_shared(struct sim_shared *sh, const struct sim_config *cfg)
     sh->ctx_overhead = cfg->ctx_overhead;
     sh->driver_version = cfg->driver_version;
     sh->next_addr = SIM_ADDR_BASE;
+    sh->nvswitch = cfg->nvswitch;
     for (unsigned i = 0; i < cfg->ndev; i++) {
         memcpy(sh->dev[i].uuid, cfg->uuid[i], SIM_STR);
         memcpy(sh->dev[i].name, cfg->name[i], SIM_STR);
         sh->dev[i].capacity = cfg->memory;
+        sh->dev[i].numa_node = cfg->numa[i];
+        sh->dev[i].nvlink_peers = cfg->nvlink_peers[i];
     }
     /* Readers check the magic after taking the flock; the release store keeps
      * a crashed creator's half-written file recognisable (magic still 0). */

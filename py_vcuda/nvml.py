@@ -4,6 +4,9 @@ The library is the one nvidia-ml-py would load (`libnvidia-ml.so.1`), or
 `VCUDA_REAL_LIBNVML` when set, so the GPU simulator can stand in (DESIGN.md).
 nvidia-ml-py keeps one library per process; asking for a second, different
 one is an error rather than a silent mix.
+
+Topology (NUMA node, NVLink peers), XID events (`watch_xids`) and a cheap
+health query (`probe`) serve the device plugin's placement and health checks.
 """
 
 from __future__ import annotations
@@ -11,12 +14,16 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 import pynvml
 
 DEFAULT_LIBRARY = "libnvidia-ml.so.1"
+SYSFS = Path("/sys")
 _load_lock = threading.Lock()
 _loaded_path: str | None = None
 
@@ -71,10 +78,19 @@ def _optional(fn, *args):  # type: ignore[no-untyped-def]
 
 
 class NVML:
-    """An initialised NVML session; use as a context manager (init and shutdown are counted by NVML)."""
+    """An initialised NVML session; use as a context manager (init and shutdown are counted by NVML).
 
-    def __init__(self, library: str | None = None) -> None:
+    ``sysfs``: where to look up a GPU's NUMA node when NVML does not say
+    (``<sysfs>/bus/pci/devices/<bus id>/numa_node``). Default: ``/sys`` for
+    the real library; none for a stand-in named by ``VCUDA_REAL_LIBNVML``
+    (the simulator), whose PCI addresses are not this machine's.
+    """
+
+    def __init__(self, library: str | None = None, *,
+                 sysfs: Path | None | Literal["auto"] = "auto") -> None:
         self.path = library or library_path()
+        self.sysfs: Path | None = sysfs if sysfs != "auto" else (
+            SYSFS if self.path == DEFAULT_LIBRARY else None)
         _load(self.path)
         try:
             pynvml.nvmlInit()
@@ -102,15 +118,87 @@ class NVML:
 
     def gpu(self, index: int) -> GPUInfo:
         h = self.handle(index)
-        numa = _optional(getattr(pynvml, "nvmlDeviceGetNumaNodeId", lambda _h: None), h)
         return GPUInfo(
             index=index,
             uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
             name=_text(pynvml.nvmlDeviceGetName(h)),
             memory_total=int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
             minor=int(pynvml.nvmlDeviceGetMinorNumber(h)),
-            numa_node=None if numa is None or numa < 0 else int(numa),
+            numa_node=self.numa_node(index),
         )
+
+    def numa_node(self, index: int) -> int | None:
+        """The GPU's NUMA node: NVML's answer, else sysfs for its PCI address; None if unknown."""
+        h = self.handle(index)
+        numa = _optional(getattr(pynvml, "nvmlDeviceGetNumaNodeId", lambda _h: None), h)
+        if numa is not None:
+            return None if numa < 0 else int(numa)
+        bus = _optional(self.pci_bus_id, index) if self.sysfs is not None else None
+        if bus is None:
+            return None
+        try:
+            node = int((self.sysfs / "bus/pci/devices" / bus / "numa_node").read_text())
+        except (OSError, ValueError):
+            return None
+        return None if node < 0 else node  # -1: not a NUMA machine
+
+    def pci_bus_id(self, index: int) -> str:
+        """The GPU's PCI address as sysfs spells it: ``0000:3b:00.0``."""
+        return _sysfs_bus_id(_text(pynvml.nvmlDeviceGetPciInfo_v3(self.handle(index)).busId))
+
+    def nvlink_peers(self, index: int) -> set[int]:
+        """Indexes of the GPUs with an active NVLink to this one (empty without NVLink)."""
+        return set(self.nvlink_links(index))
+
+    def nvlink_links(self, index: int) -> dict[int, int]:
+        """Active NVLink links from this GPU, counted per peer GPU index.
+
+        GPUs on an NVSwitch fabric (HGX/DGX boards) reach every other GPU on it
+        through the switches: each such pair counts the fewer of the two GPUs'
+        switch links."""
+        by_bus = {self.pci_bus_id(i): i for i in range(self.count())}
+        links, switched = self._link_ends(index, by_bus)
+        if switched:
+            for other in range(self.count()):
+                theirs = self._link_ends(other, by_bus)[1] if other != index else 0
+                if theirs:
+                    links[other] = links.get(other, 0) + min(switched, theirs)
+        return links
+
+    def _link_ends(self, index: int, by_bus: dict[str, int]) -> tuple[dict[int, int], int]:
+        """(links to each GPU, links to NVSwitches) of one GPU's active NVLinks."""
+        h = self.handle(index)
+        gpus: dict[int, int] = {}
+        switched = 0
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                if not pynvml.nvmlDeviceGetNvLinkState(h, link):
+                    continue
+                remote = _text(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)
+            except pynvml.NVMLError as exc:
+                if exc.value == pynvml.NVML_ERROR_INVALID_ARGUMENT or (
+                        link == 0 and exc.value == pynvml.NVML_ERROR_NOT_SUPPORTED):
+                    break  # past the device's last link, or no NVLink at all
+                continue
+            kind = _optional(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
+            peer = by_bus.get(_sysfs_bus_id(remote))
+            if kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+                switched += 1
+            elif peer is not None and peer != index:
+                gpus[peer] = gpus.get(peer, 0) + 1
+        return gpus, switched
+
+    def probe(self, index: int) -> bool:
+        """A cheap query that needs the GPU to answer: False if it is lost or not responding."""
+        try:
+            pynvml.nvmlDeviceGetMemoryInfo(self.handle(index))
+        except pynvml.NVMLError:
+            return False
+        return True
+
+    def watch_xids(self, uuids: Iterable[str]) -> XidWatch:
+        """XID events of these GPUs, from now on (see XidWatch)."""
+        return XidWatch(list(uuids))
 
     def gpus(self) -> list[GPUInfo]:
         return [self.gpu(i) for i in range(self.count())]
@@ -140,3 +228,78 @@ class NVML:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _sysfs_bus_id(bus_id: str) -> str:
+    """NVML's ``00000000:3B:00.0`` (or legacy ``0000:3B:00.0``) as sysfs names it: ``0000:3b:00.0``."""
+    domain, _, rest = bus_id.strip().partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest.lower()}"
+    except ValueError:
+        return bus_id.lower()
+
+
+def _address(handle) -> int:  # type: ignore[no-untyped-def]
+    return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+
+class XidWatch:
+    """Critical XID events (nvmlEventTypeXidCriticalError) of a set of GPUs.
+
+    GPUs whose driver cannot deliver events (or that are lost when the watch
+    starts) are left out and listed in ``unwatched``; watch them by probing.
+    One thread at a time may wait; close() only when nobody is waiting.
+    """
+
+    def __init__(self, uuids: list[str]) -> None:
+        self._set = pynvml.nvmlEventSetCreate()
+        self._uuid_of: dict[int, str] = {}
+        self.unwatched: dict[str, str] = {}  # uuid -> why
+        try:
+            for uuid in uuids:
+                h = pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())
+                try:
+                    supported = pynvml.nvmlDeviceGetSupportedEventTypes(h)
+                    if not supported & pynvml.nvmlEventTypeXidCriticalError:
+                        self.unwatched[uuid] = "no XID events on this GPU"
+                        continue
+                    pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, self._set)
+                except pynvml.NVMLError as exc:
+                    self.unwatched[uuid] = str(exc)
+                    continue
+                self._uuid_of[_address(h)] = uuid
+        except BaseException:
+            self.close()
+            raise
+
+    def wait(self, timeout_ms: int) -> list[tuple[str, int]]:
+        """(uuid, xid) of the events that arrived, waiting up to timeout_ms for the first;
+        [] on timeout. uuid is "" for an event NVML did not tie to a watched GPU."""
+        if self._set is None:
+            raise NVMLUnavailable("XID watch is closed")
+        events: list[tuple[str, int]] = []
+        timeout = max(0, int(timeout_ms))
+        while True:
+            try:
+                data = pynvml.nvmlEventSetWait_v2(self._set, timeout)
+            except pynvml.NVMLError as exc:
+                if exc.value == pynvml.NVML_ERROR_TIMEOUT:
+                    return events
+                if events:
+                    return events
+                raise
+            if data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                events.append((self._uuid_of.get(_address(data.device), ""), int(data.eventData)))
+            timeout = 0  # then take whatever else is already there
+
+    def close(self) -> None:
+        if self._set is not None:
+            _optional(pynvml.nvmlEventSetFree, self._set)
+            self._set = None
+
+    def __enter__(self) -> XidWatch:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

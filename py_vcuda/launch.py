@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from device_plugin.layout import ContainerRecord, NodeLayout
 from py_vcuda import native
 from token_scheduler.admin_client import AdminClient
 
@@ -89,20 +93,50 @@ def tenant_env(tenant: Tenant, base: Mapping[str, str], ledger: Path) -> dict[st
     return env
 
 
+# ContainerRecord.extra key: the run's scheduler directory, which is not under the layout's sched/
+SCHEDULER_DIR_KEY = "scheduler_dir"
+
+
+def local_layout() -> NodeLayout:
+    """Where `vcuda run` describes its runs, in the node agent's format, for `vcuda top` and the exporter."""
+    return NodeLayout(runtime_dir())
+
+
+def _write_record(command: Sequence[str], tenant: Tenant, name: str, scheduler: Path | None) -> Path:
+    limit = tenant.core_limit or tenant.core_request
+    extra = {SCHEDULER_DIR_KEY: str(scheduler)} if scheduler is not None else {}
+    record = ContainerRecord(
+        key=name, mode="vgpu", resource="", device_ids=(), gpus=(),  # GPUs: whatever its ledger sees
+        core_request=tenant.core_request or 0, core_limit=limit or 100, memory_limit=tenant.memory,
+        tenant=name if scheduler is not None else None, container=shlex.join(command)[:120],
+        created=time.time(), extra=extra)
+    return local_layout().write_record(record)
+
+
 def run(command: Sequence[str], tenant: Tenant, base_env: Mapping[str, str] | None = None) -> int:
     """Run `command` under the quotas; returns its exit status (128+N for signal N)."""
+    name = f"run-{os.getpid()}"
     own_ledger = tenant.ledger is None
-    ledger = tenant.ledger or runtime_dir() / f"run-{os.getpid()}.ledger"
     base = os.environ if base_env is None else base_env
+    simulated = "VCUDA_SIM_STATE" in base
+    sched = scheduler_dir(tenant.gpu or "0", simulated) if tenant.core_request is not None else None
+    record_dir = _write_record(command, tenant, name, sched)
+    ledger = tenant.ledger or record_dir / "ledger"
+    if tenant.ledger is not None:  # a shared ledger: readers find it through the record's directory
+        (record_dir / "ledger").symlink_to(tenant.ledger.resolve())
     env = tenant_env(tenant, base, ledger)
     admin = None
-    name = f"run-{os.getpid()}"
     if tenant.core_request is not None:
-        admin = ensure_scheduler(tenant.gpu or "0", simulated="VCUDA_SIM_STATE" in base)
+        try:
+            admin = ensure_scheduler(tenant.gpu or "0", simulated=simulated)
+        except BaseException:
+            shutil.rmtree(record_dir, ignore_errors=True)
+            raise
         reply = admin.call("add", tenant=name, request=tenant.core_request,
                            limit=tenant.core_limit or tenant.core_request)
         if not reply.get("ok"):
             admin.close()
+            shutil.rmtree(record_dir, ignore_errors=True)
             raise SchedulerError(f"the token scheduler refused the compute quota: {reply.get('error')}")
         env["VCUDA_SCHEDULER"] = str(reply["endpoint"])
     try:
@@ -114,6 +148,7 @@ def run(command: Sequence[str], tenant: Tenant, base_env: Mapping[str, str] | No
             admin.close()
         if own_ledger:
             ledger.unlink(missing_ok=True)
+        shutil.rmtree(record_dir, ignore_errors=True)
 
 
 def _supervise(command: Sequence[str], env: dict[str, str]) -> int:

@@ -96,6 +96,8 @@ def test_run_with_a_compute_quota(tmp_path: Path, runtime_env: dict[str, str]) -
     assert out.returncode == 2 and "below --core" in out.stderr
     out = vcuda("run", "--core", "101", "--", "true")
     assert out.returncode == 2 and "1-100" in out.stderr
+    out = vcuda("run", "--core", "30", "--gpu", "0,1", "--", "true")
+    assert out.returncode == 2 and "one GPU" in out.stderr
 
 
 def test_run_passes_the_exit_status_through() -> None:

@@ -1,0 +1,148 @@
+"""The node agent: wires the mode's resources, their helper processes, health,
+labels, metrics and reconciliation together, and takes them down in reverse.
+
+Everything that touches hardware or the cluster comes in as an object (NVML,
+the GPU inventory, the pod source, the health monitor factory), so tests run
+the same wiring against the simulator and fakes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from device_plugin import mps, pgpu, vgpu
+from device_plugin.config import PluginConfig
+from device_plugin.containers import ContainerStore
+from device_plugin.inventory import Health, Inventory
+from device_plugin.kubelet import Endpoint, Registrar, ResourcePlugin
+from device_plugin.labels import write_feature_file
+from device_plugin.layout import NodeLayout
+from device_plugin.metrics import start_exporter
+from device_plugin.podresources import PodResourcesClient
+from device_plugin.pods import PodSource
+from device_plugin.reconcile import Reconciler
+from device_plugin.schedulers import TokenScheduler
+from device_plugin.supervisor import Child, Supervisor
+from py_vcuda import native
+from py_vcuda.nvml import NVML
+from scheduler_extender.names import Names
+
+log = logging.getLogger(__name__)
+
+HealthFactory = Callable[[Inventory, Callable[[str, bool, str], None]], Any]   # -> object with start()/stop()
+WatchFactory = Callable[[Callable[[], None]], Any]   # on_event -> object with start()/stop() (pods.PodWatch)
+
+
+class StartError(RuntimeError):
+    """The agent cannot run with this configuration on this node; the message says why."""
+
+
+def nvml_health(nvml: NVML, ignored_xids: str | None) -> HealthFactory:
+    """The XID health monitor (device_plugin.health) bound to this NVML session."""
+    from device_plugin import health
+
+    ignored = health.parse_xid_list(ignored_xids) if ignored_xids else health.DEFAULT_IGNORED_XIDS
+
+    def make(inventory: Inventory, on_change: Callable[[str, bool, str], None]) -> Any:
+        return health.HealthMonitor(nvml, inventory.gpus, on_change, ignored_xids=ignored)
+
+    return make
+
+
+class Agent:
+    def __init__(self, config: PluginConfig, *, inventory: Inventory, pods: PodSource,
+                 nvml: NVML | None = None, health_factory: HealthFactory | None = None,
+                 pod_watch: WatchFactory | None = None) -> None:
+        self.config = config
+        self.inventory = inventory
+        self.pods = pods
+        self.nvml = nvml
+        self.health = Health()
+        self.layout = NodeLayout(config.state_dir)
+        self.store = ContainerStore(self.layout)
+        self.names = Names(config.resource_domain, config.annotation_prefix)
+        self.schedulers: dict[str, TokenScheduler] = {}
+        children: list[Child] = []
+        self.plugins = self._plugins(children)
+        self.supervisor = Supervisor(children)
+        self.registrar = Registrar([Endpoint(p, config.device_plugin_dir) for p in self.plugins],
+                                   config.device_plugin_dir)
+        self.health.subscribe(self.registrar.changed)
+        self.health_monitor = health_factory(inventory, self.health.set) if health_factory else None
+        in_use = PodResourcesClient(config.pod_resources_socket, timeout_s=5.0).list \
+            if config.pod_resources_socket else None
+        self.reconciler = Reconciler(self.store, self.schedulers, pods, names=self.names, node=config.node_name,
+                                     in_use=in_use, grace_s=config.cleanup_grace_s, interval_s=config.resync_s)
+        self.pod_watch = pod_watch(self.reconciler.wake) if pod_watch else None
+        self._stop_exporter: Callable[[], None] | None = None
+
+    def _plugins(self, children: list[Child]) -> list[ResourcePlugin]:
+        cfg = self.config
+        if not self.inventory.gpus:
+            raise StartError("no GPUs found on this node; nothing to offer")
+        if cfg.mode == "vgpu":
+            host_lib = cfg.host_lib_dir / native.SHIM
+            if not host_lib.is_file():
+                raise StartError(f"--host-lib-dir: {host_lib} does not exist; the DaemonSet's init step puts "
+                                 "libvcuda.so there for containers to mount")
+            for gpu in self.inventory.gpus:
+                self.schedulers[gpu.uuid] = TokenScheduler(gpu.uuid, self.layout, self._tenants_of(gpu.uuid))
+            children.extend(self.schedulers.values())
+            ctx = vgpu.VGPUContext(self.inventory, self.health, self.names, cfg.node_name, self.pods,
+                                   self.store, self.schedulers, host_lib)
+            return [vgpu.CorePlugin(ctx), vgpu.MemoryPlugin(ctx)]
+        if cfg.mode == "pgpu":
+            return [pgpu.GPUPlugin(self.inventory, self.health, self.store)]
+        children.extend(mps.MPSDaemon(g.uuid, self.layout, cfg.mps_control) for g in self.inventory.gpus)
+        return [mps.MPSPlugin(self.inventory, self.health, self.store)]
+
+    def _tenants_of(self, uuid: str) -> Callable[[], list[tuple[str, int, int]]]:
+        def tenants() -> list[tuple[str, int, int]]:
+            return [(r.tenant, r.core_request, r.core_limit) for r in self.store.records()
+                    if r.tenant and r.gpus and r.gpus[0] == uuid]
+        return tenants
+
+    def start(self) -> None:
+        self.config.device_plugin_dir.mkdir(parents=True, exist_ok=True)
+        self.layout.containers.mkdir(parents=True, exist_ok=True)
+        self.supervisor.start()       # schedulers first: Allocate registers tenants with them
+        self.registrar.start()
+        if self.health_monitor is not None:
+            self.health_monitor.start()
+        self._write_labels()
+        self._start_exporter()
+        self.reconciler.start()
+        if self.pod_watch is not None:
+            self.pod_watch.start()
+        log.info("%s agent running on node %s with %d GPU(s)", self.config.mode, self.config.node_name,
+                 len(self.inventory.gpus))
+
+    def stop(self) -> None:
+        if self.pod_watch is not None:
+            self.pod_watch.stop()
+        self.reconciler.stop()
+        if self._stop_exporter is not None:
+            self._stop_exporter()
+        if self.health_monitor is not None:
+            self.health_monitor.stop()
+        self.registrar.stop()
+        self.supervisor.stop()
+
+    def _write_labels(self) -> None:
+        path: Path | None = self.config.features_file
+        if path is None or self.nvml is None:
+            return
+        try:
+            write_feature_file(path, self.nvml, self.config.mode, prefix=self.config.annotation_prefix)
+        except OSError as exc:
+            log.warning("node labels not written to %s: %s", path, exc)
+
+    def _start_exporter(self) -> None:
+        if not self.config.metrics_port:
+            return
+        self._stop_exporter = start_exporter(
+            port=self.config.metrics_port, layout=self.layout, mode=self.config.mode, node=self.config.node_name,
+            pod_resources_socket=self.config.pod_resources_socket, nvml=self.nvml)

@@ -1,0 +1,96 @@
+"""Command line of the node agent: parse, configure, wire, run until SIGTERM.
+
+`vcuda device-plugin` calls add_arguments()/run(); `python -m device_plugin` calls main().
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from device_plugin import config as configlib
+
+if TYPE_CHECKING:  # the agent's modules load grpc and NVML: only `run` needs them, not `vcuda --help`
+    from device_plugin.agent import WatchFactory
+    from device_plugin.pods import PodSource
+
+log = logging.getLogger("device_plugin")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    configlib.add_arguments(parser)
+
+
+def pod_source(kubeconfig: str | None, node: str) -> tuple[PodSource, WatchFactory | None]:
+    """The API server's pods of this node and a watch on them, or NoPods when there is no API server."""
+    from device_plugin.pods import KubePods, NoPods, PodWatch
+
+    try:
+        from kubernetes import client
+
+        from scheduler_extender.kube import make_api_client
+
+        api = client.CoreV1Api(make_api_client(kubeconfig))
+    except Exception as exc:   # the kubernetes client raises several unrelated types here
+        log.warning("no API server (%s): pods are not identified; fine on single-GPU nodes only", exc)
+        return NoPods(str(exc)), None
+    return KubePods(api), lambda on_event: PodWatch(api, node, on_event)
+
+
+def run(args: argparse.Namespace) -> int:
+    from device_plugin.agent import Agent, StartError, nvml_health
+    from device_plugin.inventory import Inventory
+    from py_vcuda.nvml import NVML, NVMLUnavailable
+
+    try:
+        cfg = configlib.from_args(args)
+    except configlib.ConfigError as exc:
+        print(f"vcuda device-plugin: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
+                        format="device_plugin: %(levelname)s %(name)s: %(message)s")
+    try:
+        nvml = NVML()
+    except NVMLUnavailable as exc:
+        print(f"vcuda device-plugin: {exc}", file=sys.stderr)
+        return 1
+    stopping = threading.Event()
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        health = None
+        try:
+            health = nvml_health(nvml, cfg.ignored_xids)
+        except ImportError as exc:
+            log.warning("GPU health monitoring unavailable: %s", exc)
+        pods, watch = pod_source(cfg.kubeconfig, cfg.node_name)
+        agent = Agent(cfg, inventory=Inventory.from_nvml(nvml), pods=pods, nvml=nvml, health_factory=health,
+                      pod_watch=watch)
+    except (StartError, ValueError) as exc:
+        print(f"vcuda device-plugin: {exc}", file=sys.stderr)
+        nvml.close()
+        return 2
+    agent.start()
+    try:
+        stopping.wait()
+    finally:
+        agent.stop()
+        nvml.close()
+    log.info("stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m device_plugin",
+                                     description="vcuda node agent: kubelet device plugin and helpers")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

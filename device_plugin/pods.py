@@ -1,0 +1,259 @@
+"""Which container an Allocate is for: kubelet sends only device IDs.
+
+With the scheduler extender, the pod carries ``vcuda.io/gpu-assignment``
+(scheduler_extender.assignment): the container whose assigned GPUs and cores
+equal what the IDs say, on a pod bound to this node and not allocated yet, is
+the one; when several match and are interchangeable (same quota in every
+respect), the oldest is taken provisionally and the reconciler confirms or
+corrects the identity from kubelet's pod-resources List. Without it (no
+extender), a not-yet-allocated container on this node asking for exactly that
+many cores is taken when it is the only one. Anything
+else — several matches, a malformed annotation, an assignment that names other
+GPUs — fails the container with a message that says what to fix: guessing
+wrong would give one pod another's quota. On a node with one GPU there is
+nothing to get wrong about the GPU, so an unidentified container is served
+anonymously (the exporter later learns its pod from pod-resources).
+
+Pods come from a `PodSource`; the real one asks the API server through the
+``kubernetes`` client, tests pass a list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from device_plugin.kubelet import AllocationError
+from scheduler_extender import assignment
+from scheduler_extender.names import Names
+
+log = logging.getLogger(__name__)
+
+Pod = dict[str, Any]   # raw API JSON (camelCase), as the API server sends it
+
+
+class PodSource(Protocol):
+    def list_pods(self, node: str) -> list[Pod]:
+        """Pods bound to `node`; raises OSError (or ApiException) when the API server cannot answer."""
+        ...
+
+
+class StaticPods:
+    """A fixed list, for tests and for running without an API server (empty)."""
+
+    def __init__(self, pods: Sequence[Pod] = ()) -> None:
+        self.pods = list(pods)
+
+    def list_pods(self, node: str) -> list[Pod]:
+        return [p for p in self.pods if p.get("spec", {}).get("nodeName") == node]
+
+
+class KubePods:
+    """Pods on a node from the API server (field selector spec.nodeName)."""
+
+    def __init__(self, api: Any, timeout: float = 5.0) -> None:
+        self.api = api            # kubernetes.client.CoreV1Api
+        self.timeout = timeout
+
+    def list_pods(self, node: str) -> list[Pod]:
+        resp = self.api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}",
+                                                    _preload_content=False, _request_timeout=self.timeout)
+        raw = getattr(resp, "response", resp)
+        return list(json.loads(raw.data).get("items", []))
+
+
+@dataclass(frozen=True)
+class PodMatch:
+    namespace: str
+    pod: str
+    uid: str
+    container: str
+    annotations: dict[str, str]
+    env: dict[str, str]                        # the container's literal env (valueFrom not resolved)
+    shares: tuple[assignment.GPUShare, ...]    # from the extender; empty without it
+    spec: dict[str, Any]                       # the container's spec
+    provisional: bool = False                  # one of several interchangeable containers (see identify)
+
+
+def meta(pod: Pod) -> dict[str, Any]:
+    return pod.get("metadata", {})
+
+
+def pod_name(pod: Pod) -> str:
+    m = meta(pod)
+    return f"{m.get('namespace', '')}/{m.get('name', '')}"
+
+
+def requested(container: dict[str, Any], resource: str) -> int:
+    res = container.get("resources", {})
+    value = res.get("limits", {}).get(resource, res.get("requests", {}).get(resource, 0))
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _match(pod: Pod, container: dict[str, Any], shares: tuple[assignment.GPUShare, ...]) -> PodMatch:
+    m = meta(pod)
+    env = {e["name"]: str(e.get("value", "")) for e in container.get("env", []) if "name" in e}
+    return PodMatch(m.get("namespace", ""), m.get("name", ""), m.get("uid", ""), container["name"],
+                    dict(m.get("annotations") or {}), env, shares, container)
+
+
+def _quota_inputs(m: PodMatch, names: Names, resource: str) -> tuple[object, ...]:
+    prefix = names.annotation_prefix + "/"
+    quota_annotations = tuple(sorted((k, v) for k, v in m.annotations.items()
+                                     if k.startswith(prefix) and k != names.assignment))
+    return (m.shares, quota_annotations, requested(m.spec, names.memory_resource), m.env.get("VCUDA_DISABLE"))
+
+
+def _live(pod: Pod) -> bool:
+    return pod.get("status", {}).get("phase") not in ("Succeeded", "Failed") and \
+        not meta(pod).get("deletionTimestamp")
+
+
+def identify(pods: Sequence[Pod], *, node: str, names: Names, resource: str, cores: dict[str, int],
+             count: int, allocated: Collection[tuple[str, str]], single_gpu: bool) -> PodMatch | None:
+    """The container these device IDs belong to, or None to serve it anonymously.
+
+    `cores` is the share per GPU UUID the IDs stand for, `count` the number of
+    IDs, `allocated` the (pod uid, container) pairs already served.
+    """
+    pods = sorted((p for p in pods if _live(p)), key=lambda p: meta(p).get("creationTimestamp", ""))
+    found: list[PodMatch] = []
+    problems: list[str] = []
+    unassigned: list[PodMatch] = []
+    for pod in pods:
+        uid = meta(pod).get("uid", "")
+        containers = [c for c in pod.get("spec", {}).get("containers", [])
+                      if requested(c, resource) == count and (uid, c.get("name")) not in allocated]
+        if not containers:
+            continue
+        text = (meta(pod).get("annotations") or {}).get(names.assignment)
+        if text is None:
+            unassigned.extend(_match(pod, c, ()) for c in containers)
+            continue
+        try:
+            decided = assignment.decode(text)
+        except assignment.AssignmentError as exc:
+            problems.append(f"pod {pod_name(pod)} has a malformed {names.assignment} annotation ({exc}); "
+                            "fix or remove it and re-create the pod")
+            continue
+        if decided.node != node:
+            problems.append(f"pod {pod_name(pod)} is assigned to node {decided.node!r} by its "
+                            f"{names.assignment} annotation but runs on {node!r}; re-create the pod")
+            continue
+        for c in containers:
+            entry = decided.container(c["name"])
+            if entry is None:
+                continue
+            want = {g.uuid: g.cores for g in entry.gpus}
+            if want == cores:
+                found.append(_match(pod, c, entry.gpus))
+            else:
+                problems.append(f"pod {pod_name(pod)} container {c['name']} was assigned {want} by the "
+                                f"extender but kubelet allocated {cores}; check that kubelet uses the "
+                                "plugin's preferred allocation and that the extender manages this node")
+    if len(found) == 1:
+        return found[0]
+    if len(found) > 1 and len({_quota_inputs(f, names, resource) for f in found}) == 1:
+        # Interchangeable containers (same GPU, cores, quota annotations, memory, env switch): any
+        # choice enforces the same quota, so take the oldest now and let the reconciler confirm or
+        # correct the identity from kubelet's pod-resources List, which knows the devices' owner.
+        return dataclasses.replace(found[0], provisional=True)
+    if len(found) > 1:
+        which = ", ".join(f"{f.namespace}/{f.pod}:{f.container}" for f in found)
+        raise AllocationError(f"ambiguous: containers {which} are all assigned {cores}; "
+                              "start them one at a time or give them different GPUs")
+    if problems:
+        raise AllocationError("; ".join(problems))
+    if len(unassigned) == 1:
+        return unassigned[0]
+    if single_gpu:
+        if unassigned:
+            log.info("%d containers on this node ask for %d; serving this one anonymously",
+                     len(unassigned), count)
+        return None
+    if unassigned:
+        which = ", ".join(f"{u.namespace}/{u.pod}:{u.container}" for u in unassigned)
+        raise AllocationError(f"cannot tell which container these devices are for ({which} all ask for "
+                              f"{count}); deploy the vcuda scheduler extender for nodes with several GPUs")
+    raise AllocationError(f"no pod on node {node!r} asks for {count} {resource} on {sorted(cores)}; "
+                          "is the API server reachable and the node name (--node-name) right?")
+
+
+class NoPods:
+    """No API server: every list fails, so Allocate serves single-GPU nodes anonymously and refuses otherwise."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def list_pods(self, node: str) -> list[Pod]:
+        raise OSError(f"no API server ({self.why})")
+
+
+class PodWatch:
+    """Watches the pods of one node and calls `on_event()` for every change, so quota
+    annotation edits and deletions are acted on at once rather than at the next resync.
+
+    List (for a resourceVersion), then watch from it; relist on 410 Gone or any error.
+    """
+
+    def __init__(self, api: Any, node: str, on_event: Callable[[], None], *, watch_timeout: int = 240,
+                 retry_s: float = 2.0) -> None:
+        self.api = api            # kubernetes.client.CoreV1Api
+        self.node = node
+        self.on_event = on_event
+        self.watch_timeout = watch_timeout
+        self.retry_s = retry_s
+        self.events = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        from scheduler_extender.kube import _lines, _read
+
+        selector = f"spec.nodeName={self.node}"
+        while not self._stop.is_set():
+            try:
+                doc = _read(self.api.list_pod_for_all_namespaces(field_selector=selector, _preload_content=False,
+                                                                  _request_timeout=60))
+                rv = str((doc.get("metadata") or {}).get("resourceVersion") or "")
+                while not self._stop.is_set():
+                    resp = self.api.list_pod_for_all_namespaces(
+                        field_selector=selector, watch=True, resource_version=rv, allow_watch_bookmarks=True,
+                        timeout_seconds=self.watch_timeout, _preload_content=False,
+                        _request_timeout=self.watch_timeout + 30)
+                    try:
+                        for line in _lines(resp):
+                            event = json.loads(line)
+                            obj = event.get("object") or {}
+                            if event.get("type") == "ERROR":
+                                raise RuntimeError(f"watch error: {obj.get('message', obj)}")
+                            rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                            if event.get("type") != "BOOKMARK":
+                                self.events += 1
+                                self.on_event()
+                            if self._stop.is_set():
+                                return
+                    finally:
+                        getattr(resp, "response", resp).release_conn()
+            except Exception as exc:  # the API server may come and go; the resync covers the gap
+                if self._stop.is_set():
+                    return
+                log.warning("pod watch on node %s: %s; relisting in %.0f s", self.node, exc, self.retry_s)
+                self._stop.wait(self.retry_s)

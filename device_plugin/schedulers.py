@@ -1,0 +1,127 @@
+"""One token scheduler per GPU (vgpu mode), as a supervised child process.
+
+The scheduler keeps its tenants in ``tenants.json`` and restores them itself
+after a restart; `after_start` also re-adds every tenant the plugin's records
+hold, so a lost or stale file cannot leave a running container without its
+socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import token_scheduler
+from device_plugin.layout import NodeLayout, gpu_key
+from token_scheduler.admin_client import AdminClient
+
+log = logging.getLogger(__name__)
+
+TenantQuota = tuple[str, int, int]   # (tenant, request %, limit %)
+
+
+class SchedulerError(RuntimeError):
+    """The scheduler refused or did not answer; the message says which GPU and why."""
+
+
+def child_env() -> dict[str, str]:
+    """Our environment, with the directory that holds token_scheduler on PYTHONPATH."""
+    env = dict(os.environ)
+    root = str(Path(token_scheduler.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return env
+
+
+class TokenScheduler:
+    def __init__(self, uuid: str, layout: NodeLayout, tenants: Callable[[], Iterable[TenantQuota]],
+                 *, ready_timeout_s: float = 15.0) -> None:
+        self.uuid = uuid
+        self.name = f"token scheduler for {uuid}"
+        self.directory = layout.scheduler_dir(uuid)
+        self.log_path = layout.schedulers / f"{gpu_key(uuid)}.log"
+        self.tenants = tenants
+        self.ready_timeout_s = ready_timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._admin: AdminClient | None = None
+        self._lock = threading.Lock()   # a REQ socket serves one caller at a time
+
+    def start(self) -> None:
+        self.stop()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as logfile:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "token_scheduler", "--gpu", self.uuid, "--dir", str(self.directory)],
+                stdin=subprocess.DEVNULL, stdout=logfile, stderr=logfile, env=child_env())
+        with self._lock:
+            self._admin = AdminClient(self.directory / "admin.sock")
+            try:
+                self._admin.wait_ready(self.ready_timeout_s)
+            except TimeoutError:
+                raise TimeoutError(f"{self.name} did not answer within {self.ready_timeout_s} s; "
+                                   f"see {self.log_path}") from None
+        log.info("%s running (pid %d)", self.name, self._proc.pid)
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def after_start(self) -> None:
+        for tenant, request, limit in self.tenants():
+            try:
+                self.add(tenant, request, limit)
+            except SchedulerError as exc:
+                log.error("re-registering tenant %s: %s", tenant, exc)
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._admin is not None:
+                self._admin.close()
+                self._admin = None
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+
+    def call(self, op: str, **fields: object) -> dict[str, object]:
+        with self._lock:
+            if self._admin is None:
+                raise SchedulerError(f"{self.name} is not running")
+            try:
+                reply = self._admin.call(op, **fields)
+            except TimeoutError as exc:
+                raise SchedulerError(f"{self.name}: {exc}") from None
+        if not reply.get("ok"):
+            raise SchedulerError(f"{self.name} refused {op}: {reply.get('error')}")
+        return reply
+
+    def add(self, tenant: str, request: int, limit: int) -> Path:
+        """Register (or re-apply) a tenant; returns the directory holding its socket."""
+        try:
+            self.call("add", tenant=tenant, request=request, limit=limit)
+        except SchedulerError as exc:
+            if "exists" not in str(exc):
+                raise
+            self.call("update", tenant=tenant, request=request, limit=limit)
+        return self.directory / "tenants" / tenant
+
+    def update(self, tenant: str, request: int, limit: int) -> None:
+        self.call("update", tenant=tenant, request=request, limit=limit)
+
+    def remove(self, tenant: str) -> None:
+        try:
+            self.call("remove", tenant=tenant)
+        except SchedulerError as exc:
+            if "no tenant" not in str(exc):
+                raise

@@ -1,0 +1,155 @@
+"""Fixtures for the device plugin's tests: the test kubelet (device_plugin.testing),
+in-process agents on fake inventories and pod lists, the real agent process on
+the simulator, and builders for pods and assignment annotations."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from device_plugin.config import resolve
+from device_plugin.inventory import Inventory
+from device_plugin.testing import TestKubelet, wait_for
+from py_vcuda import native
+from py_vcuda.nvml import GPUInfo
+from py_vcuda.sim import GiB, SimConfig
+
+REPO = Path(__file__).resolve().parents[2]
+NODE = "node-1"
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short directory for unix sockets (107-byte limit)."""
+    path = Path(tempfile.mkdtemp(prefix="vc", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet(short_dir: Path) -> Iterator[TestKubelet]:
+    plugins = short_dir / "dp"
+    plugins.mkdir()
+    k = TestKubelet(plugins)
+    k.start()
+    yield k
+    k.stop()
+
+
+def gpu(index: int, *, numa: int | None = None, memory: int = 16 * GiB) -> GPUInfo:
+    """A GPU with the simulator's UUID scheme, so a simulated program sees the same card."""
+    return GPUInfo(index=index, uuid=f"GPU-5157a0c0-{index:04x}-4000-8000-{index:012x}",
+                   name="vcuda simulated GPU", memory_total=memory, minor=index, numa_node=numa)
+
+
+def inventory(n: int, **kw: Any) -> Inventory:
+    return Inventory(tuple(gpu(i, **kw) for i in range(n)))
+
+
+def plugin_config(short_dir: Path, mode: str = "vgpu", **overrides: Any):  # type: ignore[no-untyped-def]
+    flags = {"mode": mode, "device_plugin_dir": str(short_dir / "dp"), "state_dir": str(short_dir / "st"),
+             "metrics_port": "0", "node_name": NODE, "features_file": "", "host_lib_dir": str(native.lib_dir()),
+             "pod_resources_socket": str(short_dir / "pr.sock"), "resync_s": "0.2", "cleanup_grace_s": "1"}
+    flags.update({k: str(v) for k, v in overrides.items()})
+    return resolve(flags, {}, {})
+
+
+def pod(name: str, *, cores: int = 0, memory_units: int = 0, container: str = "main",
+        annotations: dict[str, str] | None = None, env: dict[str, str] | None = None, node: str = NODE,
+        created: str = "2026-01-01T00:00:00Z", phase: str = "Pending", resource_domain: str = "tencent.com",
+        ) -> dict[str, Any]:
+    limits = {}
+    if cores:
+        limits[f"{resource_domain}/vcuda-core"] = str(cores)
+    if memory_units:
+        limits[f"{resource_domain}/vcuda-memory"] = str(memory_units)
+    return {
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}", "creationTimestamp": created,
+                     "annotations": dict(annotations or {})},
+        "spec": {"nodeName": node, "containers": [{
+            "name": container, "resources": {"limits": limits},
+            "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}]},
+        "status": {"phase": phase},
+    }
+
+
+def assignment_annotation(container: str, uuid: str, cores: int, memory: int = 0, node: str = NODE) -> str:
+    return json.dumps({"version": 1, "node": node,
+                       "containers": [{"name": container, "gpus": [{"uuid": uuid, "cores": cores,
+                                                                    "memory": memory}]}]})
+
+
+def spawn_plugin(short_dir: Path, sim: SimConfig, *args: str) -> subprocess.Popen[bytes]:
+    """The real agent (`python -m device_plugin`) on the simulator's NVML."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VCUDA_", "KUBECONFIG"))}
+    env.update(sim.env())
+    env["PYTHONPATH"] = str(REPO)
+    env["KUBECONFIG"] = str(short_dir / "no-kubeconfig")
+    cmd = [sys.executable, "-m", "device_plugin", "--device-plugin-dir", str(short_dir / "dp"),
+           "--state-dir", str(short_dir / "st"), "--metrics-port", "0", "--node-name", NODE,
+           "--features-file", "", "--host-lib-dir", str(native.lib_dir()),
+           "--pod-resources-socket", str(short_dir / "pr.sock"), *args]
+    log = open(short_dir / "plugin.log", "wb")   # noqa: SIM115  (closed with the process by the caller)
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO))
+
+
+def stop_plugin(proc: subprocess.Popen[bytes], short_dir: Path) -> str:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return (short_dir / "plugin.log").read_text(errors="replace")
+
+
+class Helpers:
+    """The helpers above for test modules (conftest is not importable by name)."""
+
+    TestKubelet = TestKubelet
+    NODE = NODE
+    wait_for = staticmethod(wait_for)
+    gpu = staticmethod(gpu)
+    inventory = staticmethod(inventory)
+    plugin_config = staticmethod(plugin_config)
+    pod = staticmethod(pod)
+    assignment_annotation = staticmethod(assignment_annotation)
+    spawn_plugin = staticmethod(spawn_plugin)
+    stop_plugin = staticmethod(stop_plugin)
+
+
+@pytest.fixture
+def dp() -> type[Helpers]:
+    return Helpers
+
+
+@pytest.fixture
+def agent_factory(short_dir: Path, kubelet: TestKubelet) -> Iterator[Callable[..., Any]]:
+    """Start an in-process Agent (fake inventory and pods); stopped at the end of the test."""
+    from device_plugin.agent import Agent
+    from device_plugin.pods import StaticPods
+
+    started: list[Agent] = []
+
+    def make(mode: str = "vgpu", gpus: int = 1, pods: Any = None, inv: Inventory | None = None,
+             health_factory: Any = None, pod_watch: Any = None, **overrides: Any) -> Agent:
+        cfg = plugin_config(short_dir, mode, **overrides)
+        agent = Agent(cfg, inventory=inv or inventory(gpus), pods=pods if pods is not None else StaticPods(),
+                      health_factory=health_factory, pod_watch=pod_watch)
+        agent.start()
+        started.append(agent)
+        return agent
+
+    yield make
+    for agent in reversed(started):
+        agent.stop()

@@ -1,0 +1,301 @@
+"""deploy/device-plugin manifests parse and agree with the code: resource and annotation
+names, the agent's flags and defaults, mounts, the init step, RBAC, the CRL ConfigMaps."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from py_vcuda import native
+from scheduler_extender.names import Names
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy" / "device-plugin"
+MODES = ("vgpu", "pgpu", "mps")
+METRICS_PORT = 9394
+# The agent's flags (DESIGN.md `vcuda device-plugin`, device_plugin.config).
+FLAGS = ("--mode", "--device-plugin-dir", "--pod-resources-socket", "--state-dir", "--config",
+         "--metrics-port", "--node-name", "--features-file", "--host-lib-dir")
+PGPU_RESOURCE = "nvidia.com/gpu"
+MPS_RESOURCE = "nvidia.com/mps-core"
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def daemonset(mode: str) -> dict[str, Any]:
+    (ds,) = load(DEPLOY / f"daemonset-{mode}.yaml")
+    assert ds["kind"] == "DaemonSet"
+    return ds
+
+
+def pod_spec(ds: dict[str, Any]) -> dict[str, Any]:
+    return ds["spec"]["template"]["spec"]
+
+
+def agent(ds: dict[str, Any]) -> dict[str, Any]:
+    (c,) = pod_spec(ds)["containers"]
+    return c
+
+
+def flag_values(container: dict[str, Any]) -> dict[str, str]:
+    values = {}
+    for arg in container["args"]:
+        flag, eq, value = arg.partition("=")
+        assert eq, f"{arg}: write flags as --flag=value"
+        values[flag] = value
+    return values
+
+
+def host_paths(ds: dict[str, Any]) -> dict[str, str]:
+    return {v["name"]: v["hostPath"]["path"] for v in pod_spec(ds)["volumes"] if "hostPath" in v}
+
+
+def test_every_manifest_parses_and_names_itself() -> None:
+    files = sorted(DEPLOY.rglob("*.yaml"))
+    assert len(files) >= 8
+    for f in files:
+        for doc in load(f):
+            assert doc["apiVersion"] and doc["kind"], f
+            assert doc["metadata"]["name"], f
+
+
+def test_every_manifest_fits_the_kubernetes_schema() -> None:
+    """Through the kubernetes client's models and back: a misspelt or misplaced field is
+    dropped on the way in (so the round trip differs), a missing required one raises."""
+    from kubernetes.client import ApiClient
+
+    api = ApiClient()
+    for f in sorted(DEPLOY.rglob("*.yaml")):
+        for doc in load(f):
+            obj = api._ApiClient__deserialize(doc, f"V1{doc['kind']}")  # the client's own loader
+            assert api.sanitize_for_serialization(obj) == doc, f"{f}: {doc['kind']}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_daemonset_args_are_the_agents_flags(mode: str) -> None:
+    ds = daemonset(mode)
+    c = agent(ds)
+    assert c["command"] == ["vcuda", "device-plugin"]
+    values = flag_values(c)
+    assert set(values) <= set(FLAGS), set(values) - set(FLAGS)
+    assert values["--mode"] == mode
+    assert values["--node-name"] == "$(NODE_NAME)"
+    assert values["--metrics-port"] == str(METRICS_PORT)
+    assert ("--host-lib-dir" in values) == (mode == "vgpu")  # only vgpu containers get libvcuda
+    assert pod_spec(ds)["nodeSelector"] == {"vcuda.io/device-plugin": mode}
+    assert ds["metadata"]["name"] == f"vcuda-device-plugin-{mode}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_daemonset_args_pass_the_agents_parser(mode: str) -> None:
+    """Against the agent's own parser when it is there: every value parses and lands."""
+    cli = pytest.importorskip("device_plugin.cli")
+    config = pytest.importorskip("device_plugin.config")
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = [a.replace("$(NODE_NAME)", "node-1") for a in agent(daemonset(mode))["args"]]
+    cfg = config.from_args(parser.parse_args(args), env={})
+    assert (cfg.mode, cfg.node_name, cfg.metrics_port) == (mode, "node-1", METRICS_PORT)
+    defaults = {o.name: o.default for o in config.OPTIONS}
+    assert defaults["metrics_port"] == METRICS_PORT
+    for name in ("device_plugin_dir", "pod_resources_socket", "state_dir", "features_file"):
+        assert getattr(cfg, name) == defaults[name]  # the manifest spells out the defaults
+    for flag in FLAGS:
+        assert flag in parser.format_help()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_node_name_metrics_and_scrape_annotations(mode: str) -> None:
+    ds = daemonset(mode)
+    c = agent(ds)
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert {"name": "metrics", "containerPort": METRICS_PORT} in c["ports"]
+    ann = ds["spec"]["template"]["metadata"]["annotations"]
+    assert ann["prometheus.io/scrape"] == "true"
+    assert ann["prometheus.io/port"] == str(METRICS_PORT)
+    assert ann["prometheus.io/path"] == "/metrics"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_host_paths_are_mounted_where_the_flags_point(mode: str) -> None:
+    ds = daemonset(mode)
+    c = agent(ds)
+    paths = host_paths(ds)
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    for name, mount in mounts.items():  # host paths go to kubelet as they are: same path inside
+        assert paths[name] == mount, name
+    values = flag_values(c)
+    needed = {
+        "--device-plugin-dir": values["--device-plugin-dir"],
+        "--pod-resources-socket": str(Path(values["--pod-resources-socket"]).parent),
+        "--state-dir": values["--state-dir"],
+        "--features-file": str(Path(values["--features-file"]).parent),
+    }
+    if mode == "vgpu":
+        needed["--host-lib-dir"] = values["--host-lib-dir"]
+    for flag, path in needed.items():
+        assert path in mounts.values(), f"{flag}: {path} is not mounted"
+    assert values["--features-file"].startswith("/etc/kubernetes/node-feature-discovery/features.d/")
+    assert values["--device-plugin-dir"] == "/var/lib/kubelet/device-plugins"
+    assert values["--state-dir"] == "/var/lib/vcuda"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_privileged_only_for_mps(mode: str) -> None:
+    ds = daemonset(mode)
+    sc = agent(ds)["securityContext"]
+    if mode == "mps":
+        assert sc["privileged"] is True and pod_spec(ds)["hostIPC"] is True
+    else:
+        assert not sc.get("privileged") and not pod_spec(ds).get("hostIPC")
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+    for init in pod_spec(ds).get("initContainers", []):
+        assert not init.get("securityContext", {}).get("privileged")
+
+
+def init_script() -> tuple[str, str]:
+    """The vgpu init step's shell script and the host directory it writes to, as seen inside."""
+    ds = daemonset("vgpu")
+    (init,) = pod_spec(ds)["initContainers"]
+    assert init["command"][:2] == ["/bin/sh", "-ec"]
+    (mount,) = init["volumeMounts"]
+    assert host_paths(ds)[mount["name"]] == flag_values(agent(ds))["--host-lib-dir"]
+    return init["command"][2], mount["mountPath"]
+
+
+def run_init(tmp_path: Path, lib: Path) -> subprocess.CompletedProcess[str]:
+    """Runs the init step here, with a `vcuda` that names lib and tmp_path/host as the host dir."""
+    script, inside = init_script()
+    bin_dir, host = tmp_path / "bin", tmp_path / "host"
+    bin_dir.mkdir()
+    host.mkdir()
+    fake = bin_dir / "vcuda"
+    fake.write_text(f"#!/bin/sh\n[ \"$1\" = lib-path ] && echo '{lib}'\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return subprocess.run(["/bin/sh", "-ec", script.replace(inside, str(host))], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.skipif(shutil.which("ldd") is None, reason="needs ldd")
+def test_init_step_installs_libvcuda(tmp_path: Path) -> None:
+    lib = native.lib_path(native.SHIM)
+    proc = run_init(tmp_path, lib)
+    assert proc.returncode == 0, proc.stderr
+    installed = tmp_path / "host" / native.SHIM
+    assert installed.read_bytes() == lib.read_bytes()
+    assert installed.stat().st_mode & 0o777 == 0o755
+    assert [p.name for p in installed.parent.iterdir()] == [native.SHIM]  # no temporary left
+
+
+@pytest.mark.skipif(shutil.which("ldd") is None, reason="needs ldd")
+def test_init_step_refuses_a_library_with_more_dependencies(tmp_path: Path) -> None:
+    heavy_lib = next((p for p in Path("/usr/lib").rglob("libstdc++.so.6*") if p.is_file()), None)
+    if heavy_lib is None:
+        pytest.skip("no libstdc++ here to stand in for a library with dependencies")
+    proc = run_init(tmp_path, heavy_lib)
+    assert proc.returncode != 0
+    assert "needs more than libc" in proc.stderr
+    assert not (tmp_path / "host" / native.SHIM).exists()
+
+
+def test_rbac_grants_what_the_agent_calls() -> None:
+    docs = {d["kind"]: d for d in load(DEPLOY / "rbac.yaml")}
+    granted = {(res, verb) for r in docs["ClusterRole"]["rules"] for res in r["resources"]
+               for verb in r["verbs"]}
+    for need in [("pods", "get"), ("pods", "list"), ("pods", "watch"), ("nodes", "get"),
+                 ("nodes", "patch")]:
+        assert need in granted
+    assert ("pods", "patch") not in granted  # the extender annotates pods, not the agent
+    sa = docs["ServiceAccount"]["metadata"]
+    (subject,) = docs["ClusterRoleBinding"]["subjects"]
+    assert (subject["name"], subject["namespace"]) == (sa["name"], sa["namespace"])
+    for mode in MODES:
+        ds = daemonset(mode)
+        assert pod_spec(ds)["serviceAccountName"] == sa["name"]
+        assert ds["metadata"]["namespace"] == sa["namespace"]
+
+
+def test_topology_annotation_is_the_one_rbac_allows_patching() -> None:
+    assert Names().topology == "vcuda.io/gpu-topology"
+    assert Names().topology in (DEPLOY / "rbac.yaml").read_text()
+
+
+def crl() -> dict[str, dict[str, Any]]:
+    return {d["data"]["key"]: d for d in load(DEPLOY / "resource-limitations.yaml")}
+
+
+def test_resource_limitation_configmaps() -> None:
+    names = Names()
+    maps = crl()
+    assert set(maps) == {names.core_resource, names.memory_resource}
+    for key, cm in maps.items():
+        meta, data = cm["metadata"], cm["data"]
+        assert cm["kind"] == "ConfigMap"
+        assert meta["namespace"] == "kube-public"
+        assert meta["name"] == f"cf-crl-gpu-manager-{key.split('/')[1]}"
+        assert meta["labels"] == {"features.alauda.io/type": "CustomResourceLimitation",
+                                  "features.alauda.io/group": "gpu-manager",
+                                  "features.alauda.io/enabled": "true"}
+        assert data["dataType"] == "integer" and data["defaultValue"].isdigit()
+        assert data["descriptionEn"].strip() and data["descriptionZh"].strip()
+        assert all(isinstance(v, str) for v in data.values())  # ConfigMap data is strings only
+        # limits only: Kubernetes copies an extended resource's limit into its request
+        assert (data["limits"], data["requests"]) == ("required", "disabled")
+    assert maps[names.core_resource]["data"]["defaultValue"] == "20"
+    assert maps[names.core_resource]["metadata"]["name"] == "cf-crl-gpu-manager-vcuda-core"
+    assert maps[names.memory_resource]["metadata"]["name"] == "cf-crl-gpu-manager-vcuda-memory"
+
+
+def test_extender_scheduler_config_covers_the_vgpu_resources() -> None:
+    (cfg,) = load(REPO / "deploy" / "extender" / "scheduler-config.yaml")
+    (ext,) = cfg["extenders"]
+    managed = {r["name"] for r in ext["managedResources"]}
+    names = Names()
+    assert {names.core_resource, names.memory_resource} <= managed
+
+
+def limits_of(pod: dict[str, Any]) -> dict[str, int]:
+    (c,) = pod["spec"]["containers"]
+    return {k: int(v) for k, v in c["resources"]["limits"].items()}
+
+
+def example(name: str) -> dict[str, Any]:
+    (pod,) = load(DEPLOY / "examples" / f"{name}.yaml")
+    assert pod["kind"] == "Pod"
+    return pod
+
+
+def test_example_pods_use_the_codes_names() -> None:
+    names = Names()
+    core_limit = f"{names.annotation_prefix}/core-limit"
+    try:
+        from device_plugin import quota
+        assert quota.core_limit_annotation(names) == core_limit
+    except ImportError:
+        pass
+    frac = example("vgpu-fraction")
+    assert limits_of(frac) == {names.core_resource: 30, names.memory_resource: 16}
+    assert int(frac["metadata"]["annotations"][core_limit]) > 30  # an elastic cap above the share
+    assert limits_of(example("vgpu-whole")) == {names.core_resource: 100}
+    assert limits_of(example("pgpu")) == {PGPU_RESOURCE: 2}
+    mps = example("mps")
+    assert limits_of(mps) == {MPS_RESOURCE: 25}
+    assert mps["spec"]["hostIPC"] is True
+
+
+def test_example_resource_names_match_the_plugins() -> None:
+    pgpu = pytest.importorskip("device_plugin.pgpu")
+    mps = pytest.importorskip("device_plugin.mps")
+    assert (pgpu.RESOURCE, mps.RESOURCE) == (PGPU_RESOURCE, MPS_RESOURCE)

@@ -1,0 +1,128 @@
+"""Pod lookup pieces that the Allocate tests do not reach: the API server client
+and the no-API-server source."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from device_plugin.pods import KubePods, NoPods, PodWatch, identify
+from scheduler_extender.names import Names
+
+
+class FakeResponse:
+    def __init__(self, doc: dict) -> None:
+        self.data = json.dumps(doc).encode()
+
+
+class FakeCoreV1:
+    def __init__(self, items: list[dict]) -> None:
+        self.items = items
+        self.calls: list[dict] = []
+
+    def list_pod_for_all_namespaces(self, **kw):  # type: ignore[no-untyped-def]
+        self.calls.append(kw)
+        return FakeResponse({"items": self.items})
+
+
+def test_kube_pods_asks_for_this_node_only(dp):
+    api = FakeCoreV1([dp.pod("p", cores=10)])
+    assert [p["metadata"]["name"] for p in KubePods(api).list_pods("node-1")] == ["p"]
+    (call,) = api.calls
+    assert call["field_selector"] == "spec.nodeName=node-1" and call["_preload_content"] is False
+
+
+def test_no_pods_says_why():
+    with pytest.raises(OSError, match="no API server .no kubeconfig."):
+        NoPods("no kubeconfig").list_pods("n")
+
+
+def test_finished_and_other_node_pods_are_not_candidates(dp):
+    pods = [dp.pod("done", cores=30, phase="Succeeded"), dp.pod("elsewhere", cores=30, node="node-2"),
+            dp.pod("live", cores=30)]
+    pods[1]["spec"]["nodeName"] = "node-1"   # listed for this node, but its assignment names node-2
+    pods[1]["metadata"]["annotations"]["vcuda.io/gpu-assignment"] = dp.assignment_annotation(
+        "main", dp.gpu(0).uuid, 30, node="node-2")
+    with pytest.raises(Exception, match="assigned to node 'node-2'"):
+        identify(pods, node="node-1", names=Names(), resource="tencent.com/vcuda-core",
+                 cores={dp.gpu(0).uuid: 30}, count=30, allocated=set(), single_gpu=False)
+    match = identify([pods[0], pods[2]], node="node-1", names=Names(), resource="tencent.com/vcuda-core",
+                     cores={dp.gpu(0).uuid: 30}, count=30, allocated=set(), single_gpu=False)
+    assert match is not None and match.pod == "live"
+
+
+class FakeStream:
+    """A watch response as urllib3 gives it (not chunked: read by lines)."""
+
+    def __init__(self, events: list[dict], block: threading.Event) -> None:
+        self.chunked = False
+        self.lines = [json.dumps(e).encode() + b"\n" for e in events]
+        self.block = block
+        self.released = False
+
+    def readline(self) -> bytes:
+        if self.lines:
+            return self.lines.pop(0)
+        self.block.wait(10)   # the server holds the watch open
+        return b""
+
+    def release_conn(self) -> None:
+        self.released = True
+
+
+class FakeWatchAPI:
+    def __init__(self, events: list[dict]) -> None:
+        self.events = events
+        self.block = threading.Event()
+        self.calls: list[dict] = []
+
+    def list_pod_for_all_namespaces(self, **kw):  # type: ignore[no-untyped-def]
+        self.calls.append(kw)
+        if kw.get("watch"):
+            events, self.events = self.events, []
+            return FakeStream(events, self.block)
+        return FakeResponse({"metadata": {"resourceVersion": "41"}, "items": []})
+
+
+def test_pod_watch_lists_then_watches_and_reports_events(dp):
+    pod = dp.pod("p", cores=10)
+    api = FakeWatchAPI([{"type": "MODIFIED", "object": pod}, {"type": "BOOKMARK", "object": {}},
+                        {"type": "DELETED", "object": pod}])
+    seen: list[int] = []
+    watch = PodWatch(api, "node-1", lambda: seen.append(1))
+    watch.start()
+    try:
+        dp.wait_for(lambda: len(seen) == 2, what="two events (the bookmark is not one)")
+    finally:
+        api.block.set()
+        watch.stop()
+    listed, watched = api.calls[0], api.calls[1]
+    assert listed["field_selector"] == watched["field_selector"] == "spec.nodeName=node-1"
+    assert watched["watch"] is True and watched["resource_version"] == "41"
+
+
+def test_annotation_change_is_applied_when_the_watch_wakes_the_reconciler(agent_factory, kubelet, dp):
+    from device_plugin.pods import StaticPods
+
+    wakers: list = []
+
+    class ManualWatch:
+        def __init__(self, on_event):  # type: ignore[no-untyped-def]
+            wakers.append(on_event)
+
+        def start(self) -> None: ...
+        def stop(self) -> None: ...
+
+    p = dp.pod("p", cores=30)
+    agent = agent_factory("vgpu", gpus=1, pods=StaticPods([p]), pod_watch=ManualWatch, resync_s=3600)
+    uuid = dp.gpu(0).uuid
+    kubelet.allocate("tencent.com/vcuda-core", [f"{uuid}::{i}" for i in range(30)])
+    (rec,) = agent.store.records()
+    p["metadata"]["annotations"]["vcuda.io/core-limit"] = "70"
+    (wake,) = wakers
+    wake()   # without it nothing would happen for an hour
+    dp.wait_for(lambda: agent.layout.read_record(rec.key).core_limit == 70, what="live update on the event")
+    reply = agent.schedulers[uuid].call("list")
+    assert [(t["request"], t["limit"]) for t in reply["tenants"]] == [(30, 70)]

@@ -1,0 +1,260 @@
+"""vgpu mode through the test kubelet: devices, preferred allocation, Allocate
+(env, mounts, preload, scheduler tenant), pod identity, bad requests, live
+quota changes and cleanup."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+
+from device_plugin.layout import ContainerRecord
+from device_plugin.pods import StaticPods
+from py_vcuda.ledger import Ledger
+from scheduler_extender.names import MEMORY_UNIT_BYTES
+
+CORE = "tencent.com/vcuda-core"
+MEMORY = "tencent.com/vcuda-memory"
+MiB = 1 << 20
+
+
+def ids(uuid: str, n: int, start: int = 0) -> list[str]:
+    return [f"{uuid}::{i}" for i in range(start, start + n)]
+
+
+def records(agent) -> list[ContainerRecord]:  # type: ignore[no-untyped-def]
+    return list(agent.store.records())
+
+
+def tenants(agent, uuid: str) -> dict[str, tuple[int, int]]:  # type: ignore[no-untyped-def]
+    reply = agent.schedulers[uuid].call("list")
+    return {t["tenant"]: (t["request"], t["limit"]) for t in reply["tenants"]}
+
+
+def refused(excinfo: pytest.ExceptionInfo[grpc.RpcError]) -> str:
+    assert excinfo.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAVAILABLE)
+    return excinfo.value.details()
+
+
+def test_devices_per_gpu(agent_factory, kubelet, dp):
+    agent_factory("vgpu", gpus=2, inv=dp.inventory(2, memory=4 << 30))
+    cores = kubelet.latest_devices(CORE)
+    assert len(cores) == 200 and {d.health for d in cores} == {"Healthy"}
+    assert f"{dp.gpu(0).uuid}::0" == cores[0].ID and f"{dp.gpu(1).uuid}::99" == cores[199].ID
+    memory = kubelet.latest_devices(MEMORY)
+    assert len(memory) == 2 * (4 << 30) // MEMORY_UNIT_BYTES
+    assert kubelet.registered(CORE).options.get_preferred_allocation_available
+
+
+def test_fractional_allocate_on_single_gpu_without_extender(agent_factory, kubelet, dp, short_dir):
+    pods = StaticPods([dp.pod("p1", cores=30, memory_units=4,
+                              annotations={"vcuda.io/core-limit": "50"})])
+    agent = agent_factory("vgpu", gpus=1, pods=pods)
+    uuid = dp.gpu(0).uuid
+    resp = kubelet.allocate(CORE, ids(uuid, 30)).container_responses[0]
+    (rec,) = records(agent)
+    assert (rec.namespace, rec.pod, rec.container, rec.pod_uid) == ("default", "p1", "main", "uid-p1")
+    assert (rec.core_request, rec.core_limit, rec.memory_limit) == (30, 50, 4 * MEMORY_UNIT_BYTES)
+    assert rec.tenant == rec.key and rec.gpus == (uuid,)
+    assert dict(resp.envs) == {
+        "NVIDIA_VISIBLE_DEVICES": uuid, "VCUDA_CORE_REQUEST": "30", "VCUDA_CORE_LIMIT": "50",
+        "VCUDA_MEMORY_LIMIT": str(4 * MEMORY_UNIT_BYTES), "VCUDA_LEDGER": "/run/vcuda/ledger",
+        "VCUDA_SCHEDULER": "ipc:///run/vcuda/sched/sched.sock"}
+    directory = agent.layout.container_dir(rec.key)
+    sched = agent.layout.scheduler_dir(uuid) / "tenants" / rec.tenant
+    mounts = {m.container_path: (m.host_path, m.read_only) for m in resp.mounts}
+    assert mounts == {
+        "/run/vcuda": (str(directory), False),
+        "/run/vcuda/sched": (str(sched), False),
+        "/usr/local/vcuda/lib/libvcuda.so": (str(agent.config.host_lib_dir / "libvcuda.so"), True),
+        "/etc/ld.so.preload": (str(directory / "ld.so.preload"), True),
+    }
+    assert (directory / "ld.so.preload").read_text() == "/usr/local/vcuda/lib/libvcuda.so\n"
+    assert (sched / "sched.sock").exists()
+    assert tenants(agent, uuid) == {rec.tenant: (30, 50)}
+    with Ledger(directory / "ledger") as book:
+        assert [(d.uuid, d.limit) for d in book.devices()] == [(uuid, 4 * MEMORY_UNIT_BYTES)]
+    # the memory resource only accounts: nothing harmful in its answer
+    assert kubelet.allocate(MEMORY, ids(uuid, 4)).container_responses[0] == type(resp)()
+
+
+def test_vcuda_disable_skips_preload(agent_factory, kubelet, dp):
+    agent_factory("vgpu", pods=StaticPods([dp.pod("p1", cores=20, env={"VCUDA_DISABLE": "1"})]))
+    resp = kubelet.allocate(CORE, ids(dp.gpu(0).uuid, 20)).container_responses[0]
+    paths = {m.container_path for m in resp.mounts}
+    assert "/etc/ld.so.preload" not in paths and "/run/vcuda" in paths
+
+
+def test_whole_cards_are_unthrottled(agent_factory, kubelet, dp):
+    agent = agent_factory("vgpu", gpus=2, pods=StaticPods([dp.pod("big", cores=200)]))
+    a, b = dp.gpu(0).uuid, dp.gpu(1).uuid
+    available = [d.ID for d in kubelet.latest_devices(CORE)]
+    chosen = kubelet.preferred(CORE, available, 200)
+    assert sorted(chosen) == sorted(ids(a, 100) + ids(b, 100))
+    resp = kubelet.allocate(CORE, chosen).container_responses[0]
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == f"{a},{b}"
+    assert resp.envs["VCUDA_CORE_LIMIT"] == "100" and "VCUDA_SCHEDULER" not in resp.envs
+    assert "VCUDA_MEMORY_LIMIT" not in resp.envs
+    (rec,) = records(agent)
+    assert rec.tenant is None and rec.pod == "big"
+    assert tenants(agent, a) == {} and tenants(agent, b) == {}
+
+
+def test_preferred_keeps_a_share_on_one_gpu_best_fit(agent_factory, kubelet, dp):
+    agent_factory("vgpu", gpus=3, inv=dp.inventory(3))
+    a, b, c = (dp.gpu(i).uuid for i in range(3))
+    # a: 100 free, b: 40 free, c: 25 free -> 30 cores fit best on b
+    available = ids(a, 100) + ids(b, 40, start=60) + ids(c, 25, start=75)
+    chosen = kubelet.preferred(CORE, available, 30)
+    assert len(chosen) == 30 and {x.split("::")[0] for x in chosen} == {b}
+    with pytest.raises(grpc.RpcError) as e:
+        kubelet.preferred(CORE, ids(b, 40) + ids(c, 40), 50)
+    assert "no single GPU has 50 free cores" in refused(e)
+
+
+def test_extender_assignment_identifies_the_pod_and_guides_preference(agent_factory, kubelet, dp):
+    a, b = dp.gpu(0).uuid, dp.gpu(1).uuid
+    pods = StaticPods([
+        dp.pod("early", cores=30, annotations={"vcuda.io/gpu-assignment": dp.assignment_annotation("main", a, 30)}),
+        dp.pod("late", cores=30, memory_units=2, created="2026-01-02T00:00:00Z", annotations={
+            "vcuda.io/gpu-assignment": dp.assignment_annotation("main", b, 30, memory=1 << 30)}),
+    ])
+    agent = agent_factory("vgpu", gpus=2, pods=pods)
+    resp = kubelet.allocate(CORE, ids(b, 30)).container_responses[0]
+    (rec,) = records(agent)
+    assert rec.pod == "late" and rec.gpus == (b,)
+    assert resp.envs["VCUDA_MEMORY_LIMIT"] == str(1 << 30)   # the extender's figure wins over units
+    # only "early" waits now: its GPU is the preferred one although b fits better
+    available = ids(a, 100) + ids(b, 70, start=30)
+    assert {x.split("::")[0] for x in kubelet.preferred(CORE, available, 30)} == {a}
+    kubelet.allocate(CORE, ids(a, 30))
+    assert {r.pod for r in records(agent)} == {"early", "late"}
+
+
+@pytest.mark.parametrize("case", [
+    "fractional-across-gpus", "unknown-id", "not-multiple", "malformed-annotation", "mismatch", "ambiguous",
+    "no-pod-multi-gpu", "bad-core-limit"])
+def test_bad_requests_are_refused_with_a_reason(agent_factory, kubelet, dp, case):
+    a, b = dp.gpu(0).uuid, dp.gpu(1).uuid
+    ann = "vcuda.io/gpu-assignment"
+    pods, request, expect = {
+        "fractional-across-gpus": ([dp.pod("p", cores=30)], ids(a, 15) + ids(b, 15), "must stay on one GPU"),
+        "unknown-id": ([dp.pod("p", cores=2)], [f"{a}::7", "GPU-nope::1"], "unknown device ID 'GPU-nope::1'"),
+        "not-multiple": ([dp.pod("p", cores=150)], ids(a, 100) + ids(b, 50), "not a multiple of 100"),
+        "malformed-annotation": ([dp.pod("p", cores=30, annotations={ann: "{not json"})], ids(a, 30),
+                                 "pod default/p has a malformed vcuda.io/gpu-assignment annotation"),
+        "mismatch": ([dp.pod("p", cores=30, annotations={ann: dp.assignment_annotation("main", b, 30)})],
+                     ids(a, 30), "was assigned"),
+        "ambiguous": ([dp.pod("p", cores=30, annotations={ann: dp.assignment_annotation("main", a, 30)}),
+                       dp.pod("q", cores=30, annotations={ann: dp.assignment_annotation("main", a, 30),
+                                                          "vcuda.io/core-limit": "60"})],
+                      ids(a, 30), "ambiguous"),
+        "no-pod-multi-gpu": ([dp.pod("p", cores=30), dp.pod("q", cores=30)], ids(a, 30),
+                             "deploy the vcuda scheduler extender"),
+        "bad-core-limit": ([dp.pod("p", cores=30, annotations={"vcuda.io/core-limit": "20"})], ids(a, 30),
+                           "annotation vcuda.io/core-limit: '20' must be an integer percent"),
+    }[case]
+    agent = agent_factory("vgpu", gpus=2, pods=StaticPods(pods))
+    with pytest.raises(grpc.RpcError) as e:
+        kubelet.allocate(CORE, request)
+    assert expect in refused(e)
+    assert records(agent) == [] and tenants(agent, a) == {}
+
+
+def test_anonymous_on_single_gpu_when_ambiguous(agent_factory, kubelet, dp):
+    agent = agent_factory("vgpu", gpus=1, pods=StaticPods([dp.pod("p", cores=30), dp.pod("q", cores=30)]))
+    kubelet.allocate(CORE, ids(dp.gpu(0).uuid, 30))
+    (rec,) = records(agent)
+    assert rec.pod == "" and rec.device_ids == tuple(ids(dp.gpu(0).uuid, 30)) and rec.tenant
+
+
+def test_live_quota_change_and_cleanup(agent_factory, kubelet, dp):
+    p = dp.pod("p", cores=30, memory_units=4)
+    pods = StaticPods([p])
+    agent = agent_factory("vgpu", gpus=1, pods=pods)
+    uuid = dp.gpu(0).uuid
+    kubelet.allocate(CORE, ids(uuid, 30))
+    (rec,) = records(agent)
+    p["metadata"]["annotations"].update({"vcuda.io/core-limit": "80", "vcuda.io/memory": "2Gi"})
+    dp.wait_for(lambda: tenants(agent, uuid) == {rec.tenant: (30, 80)}, what="live core-limit update")
+    dp.wait_for(lambda: agent.layout.read_record(rec.key).memory_limit == 2 << 30, what="record update")
+    with Ledger(agent.layout.container_dir(rec.key) / "ledger") as book:
+        assert book.devices()[0].limit == 2 << 30
+    pods.pods.clear()   # the pod is deleted
+    dp.wait_for(lambda: not agent.layout.container_dir(rec.key).exists(), what="cleanup")
+    assert tenants(agent, uuid) == {}
+
+
+def test_crashed_scheduler_is_restarted_with_its_tenants(agent_factory, kubelet, dp):
+    agent = agent_factory("vgpu", gpus=1, pods=StaticPods([dp.pod("p", cores=40)]))
+    uuid = dp.gpu(0).uuid
+    kubelet.allocate(CORE, ids(uuid, 40))
+    (rec,) = records(agent)
+    sched = agent.schedulers[uuid]
+    first = sched.pid
+    (agent.layout.scheduler_dir(uuid) / "tenants.json").unlink()   # restore must come from the records
+    sched._proc.kill()
+    dp.wait_for(lambda: sched.pid != first and sched.alive(), what="scheduler restart")
+    dp.wait_for(lambda: tenants(agent, uuid) == {rec.tenant: (40, 40)}, what="tenant re-registered")
+    assert json.loads((agent.layout.scheduler_dir(uuid) / "tenants.json").read_text())
+    assert agent.supervisor.restarts[sched.name] >= 1
+
+
+def test_bad_host_lib_dir_is_a_start_error(short_dir: Path, dp):
+    from device_plugin.agent import Agent, StartError
+
+    cfg = dp.plugin_config(short_dir, "vgpu", host_lib_dir=str(short_dir / "nowhere"))
+    with pytest.raises(StartError, match="--host-lib-dir: .*libvcuda.so does not exist"):
+        Agent(cfg, inventory=dp.inventory(1), pods=StaticPods())
+
+
+def test_interchangeable_pods_get_a_provisional_identity_that_pod_resources_corrects(
+        agent_factory, kubelet, dp, short_dir):
+    from device_plugin.testing import TestPodResources
+
+    a = dp.gpu(0).uuid
+    ann = {"vcuda.io/gpu-assignment": dp.assignment_annotation("main", a, 30)}
+    pods = StaticPods([dp.pod("old", cores=30, annotations=ann),
+                       dp.pod("new", cores=30, annotations=ann, created="2026-01-02T00:00:00Z")])
+    podres = TestPodResources(short_dir / "pr.sock")
+    podres.start()
+    try:
+        agent = agent_factory("vgpu", gpus=2, pods=pods)
+        first, second = ids(a, 30), ids(a, 30, start=30)
+        kubelet.allocate(CORE, first)
+        (rec,) = records(agent)
+        assert rec.pod == "old" and rec.extra["identity"] == "provisional"
+        kubelet.allocate(CORE, second)   # the other one, by elimination
+        assert {r.pod for r in records(agent)} == {"old", "new"}
+        # kubelet actually gave the first devices to "new": the record follows kubelet
+        podres.owners = {("default", "new", "main"): {CORE: first}, ("default", "old", "main"): {CORE: second}}
+        dp.wait_for(lambda: all("identity" not in r.extra for r in records(agent)), what="identity correction")
+        owners = {r.device_ids[0]: (r.pod, r.pod_uid) for r in records(agent)}
+        assert owners == {first[0]: ("new", "uid-new"), second[0]: ("old", "uid-old")}
+    finally:
+        podres.stop()
+
+
+def test_anonymous_container_cleaned_up_when_kubelet_no_longer_lists_its_devices(
+        agent_factory, kubelet, dp, short_dir):
+    from device_plugin.pods import NoPods
+    from device_plugin.testing import TestPodResources
+
+    podres = TestPodResources(short_dir / "pr.sock")
+    podres.start()
+    try:
+        agent = agent_factory("vgpu", gpus=1, pods=NoPods("test"), cleanup_grace_s=1)
+        uuid = dp.gpu(0).uuid
+        kubelet.allocate(CORE, ids(uuid, 10))
+        (rec,) = records(agent)
+        assert rec.pod == "" and tenants(agent, uuid) == {rec.tenant: (10, 10)}
+        podres.owners = {("ns", "web", "app"): {CORE: ids(uuid, 10)}}
+        # listed: the identity is learnt, and the directory stays
+        dp.wait_for(lambda: agent.layout.read_record(rec.key).pod == "web", what="identity from pod-resources")
+        podres.owners = {}
+        dp.wait_for(lambda: not agent.layout.container_dir(rec.key).exists(), what="cleanup after grace")
+        assert tenants(agent, uuid) == {}
+    finally:
+        podres.stop()

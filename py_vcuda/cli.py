@@ -44,8 +44,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.core_limit is not None and args.core_limit < args.core:
         print(f"vcuda run: --core-limit {args.core_limit} is below --core {args.core}", file=sys.stderr)
         return 2
+    gpu = args.gpu
+    if args.core is not None:
+        # One token scheduler per GPU: a compute quota is a share of one GPU's time.
+        if gpu is not None and "," in gpu:
+            print(f"vcuda run: --core is a share of one GPU's time; --gpu {gpu} names several "
+                  "(run one `vcuda run` per GPU)", file=sys.stderr)
+            return 2
+        gpu = gpu or "0"
     tenant = launch.Tenant(memory=args.memory, memory_per_device=dict(args.device_memory or []),
-                           gpu=args.gpu, ledger=args.ledger, log_level=args.log_level,
+                           gpu=gpu, ledger=args.ledger, log_level=args.log_level,
                            core_request=args.core, core_limit=args.core_limit)
     base = None
     if args.simulate:
@@ -101,6 +109,18 @@ def cmd_extender(args: argparse.Namespace) -> int:
     return cli.run(args)
 
 
+def cmd_device_plugin(args: argparse.Namespace) -> int:
+    from device_plugin import cli
+
+    return cli.run(args)
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from py_vcuda import top
+
+    return top.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vcuda", description="GPU sharing with enforced memory and compute quotas.")
@@ -115,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device-memory", type=_device_memory, action="append", metavar="I=Q",
                    help="memory limit for visible device I (repeatable)")
     p.add_argument("--core", type=_percent, metavar="N",
-                   help="guaranteed share of GPU time in percent (starts or reuses the GPU's token scheduler)")
+                   help="guaranteed share of one GPU's time in percent (starts or reuses that GPU's token "
+                        "scheduler; the run sees only that GPU: --gpu, default 0)")
     p.add_argument("--core-limit", type=_percent, metavar="N",
                    help="cap on the share of GPU time in percent, at least --core (default: = --core)")
     p.add_argument("--gpu", metavar="I|UUID", help="run on this GPU only (sets CUDA_VISIBLE_DEVICES)")
@@ -140,20 +161,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--simulate", action="store_true", help="use the simulator even with a GPU")
     p.set_defaults(func=cmd_demo)
 
-    try:
-        from token_scheduler import cli as scheduler_cli
-    except ImportError:
-        scheduler_cli = None
-    if scheduler_cli is not None:
-        p = sub.add_parser("scheduler", help="one GPU's token scheduler")
-        scheduler_cli.add_arguments(p)
-        p.set_defaults(func=cmd_scheduler)
-
+    from device_plugin import cli as plugin_cli
     from scheduler_extender import cli as extender_cli
+    from token_scheduler import cli as scheduler_cli
+
+    p = sub.add_parser("scheduler", help="one GPU's token scheduler")
+    scheduler_cli.add_arguments(p)
+    p.set_defaults(func=cmd_scheduler)
 
     p = sub.add_parser("extender", help="the kube-scheduler extender")
     extender_cli.add_arguments(p)
     p.set_defaults(func=cmd_extender)
+
+    p = sub.add_parser("device-plugin", help="the node agent: kubelet device plugin, token schedulers, metrics",
+                       description="kubelet device plugin (vgpu, pgpu or mps mode) with one token scheduler "
+                                   "per GPU and the Prometheus exporter.")
+    plugin_cli.add_arguments(p)
+    p.set_defaults(func=cmd_device_plugin)
+
+    p = sub.add_parser("top", help="live view of every GPU and its tenants",
+                       description="Every GPU on this machine with its tenants: quota, share, memory, wait.")
+    p.add_argument("--state-dir", type=Path, metavar="DIR",
+                   help="node agent state directory (default /var/lib/vcuda if it exists); "
+                        "`vcuda run` tenants of this user are always shown")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="refresh period (default 1 s)")
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument("--simulate", action="store_true", help="read the GPU simulator instead of NVML")
+    p.set_defaults(func=cmd_top)
     return parser
 
 

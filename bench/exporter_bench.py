@@ -1,0 +1,144 @@
+"""Exporter figures: scrape time and CPU per scrape for a node of 8 GPUs x 16 tenants (goal: <= 50 ms).
+
+    python3 bench/exporter_bench.py [--gpus 8] [--tenants 16] [--scrapes 100]
+
+Setup: 8 simulated GPUs, one real token scheduler daemon per GPU (own
+process) with 16 tenants each, 128 container records with their ledgers (half
+of them without pod names, resolved through a stand-in kubelet pod-resources
+server), all in one node state directory. The exporter runs in this process;
+each scrape is an HTTP GET of /metrics, timed end to end. CPU is this
+process's CPU time (exporter thread included) per scrape, so it counts the
+client side of the HTTP call too: an upper bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from device_plugin.api import podresources_v1_pb2 as pr  # noqa: E402
+from device_plugin.api import podresources_v1_pb2_grpc as pr_grpc  # noqa: E402
+from device_plugin.layout import ContainerRecord, NodeLayout  # noqa: E402
+from device_plugin.metrics import start_exporter  # noqa: E402
+from py_vcuda.ledger import Ledger  # noqa: E402
+from py_vcuda.nvml import NVML  # noqa: E402
+from py_vcuda.sim import GiB, SimConfig  # noqa: E402
+from token_scheduler.testing import AdminClient, spawn_daemon  # noqa: E402
+
+CORE = "tencent.com/vcuda-core"
+
+
+class Lister(pr_grpc.PodResourcesListerServicer):
+    def __init__(self, response: pr.ListPodResourcesResponse) -> None:
+        self.response = response
+
+    def List(self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext) -> pr.ListPodResourcesResponse:
+        return self.response
+
+
+def build_node(root: Path, uuids: list[str], tenants: int) -> tuple[NodeLayout, list, pr.ListPodResourcesResponse]:
+    layout = NodeLayout(root / "n")
+    daemons = []
+    pods = []
+    per_tenant = max(1, 100 // tenants)
+    for g, uuid in enumerate(uuids):
+        directory = layout.scheduler_dir(uuid)
+        daemons.append(spawn_daemon(directory, "--window", "10s", gpu=uuid))
+        admin = AdminClient(directory / "admin.sock")
+        admin.wait_ready(60)
+        for t in range(tenants):
+            name = f"g{g}t{t}"
+            assert admin.call("add", tenant=name, request=per_tenant, limit=100).get("ok")
+            ids = tuple(f"{uuid}::{t * per_tenant + i}" for i in range(per_tenant))
+            named = t % 2 == 0
+            record = ContainerRecord(key=f"c-{name}", mode="vgpu", resource=CORE, device_ids=ids, gpus=(uuid,),
+                                     core_request=per_tenant, core_limit=100, memory_limit=GiB, tenant=name,
+                                     namespace="bench" if named else "", pod=f"pod-{name}" if named else "",
+                                     container="main" if named else "")
+            directory_c = layout.write_record(record)
+            with Ledger(directory_c / "ledger", create=True) as ledger:
+                ledger.set_limit(uuid, GiB)
+            if not named:
+                pods.append(pr.PodResources(name=f"pod-{name}", namespace="bench", containers=[
+                    pr.ContainerResources(name="main", devices=[pr.ContainerDevices(resource_name=CORE,
+                                                                                    device_ids=ids)])]))
+        admin.close()
+    return layout, daemons, pr.ListPodResourcesResponse(pod_resources=pods)
+
+
+def scrape(port: int) -> tuple[float, int]:
+    start = time.perf_counter()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+        body = resp.read()
+    return time.perf_counter() - start, len(body)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--tenants", type=int, default=16)
+    parser.add_argument("--scrapes", type=int, default=100)
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="vcb", dir="/tmp"))
+    sim = SimConfig(state_path=root / "sim.state", devices=args.gpus, memory=16 * GiB)
+    os.environ.update(sim.env())
+    daemons = []
+    server = None
+    stop = None
+    try:
+        nvml = NVML()
+        uuids = [g.uuid for g in nvml.gpus()]
+        layout, daemons, listing = build_node(root, uuids, args.tenants)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        pr_grpc.add_PodResourcesListerServicer_to_server(Lister(listing), server)
+        server.add_insecure_port(f"unix://{root / 'kubelet.sock'}")
+        server.start()
+        stop = start_exporter(port=0, addr="127.0.0.1", layout=layout, mode="vgpu", node="bench",
+                              pod_resources_socket=root / "kubelet.sock", nvml=nvml)
+        port = stop.port  # type: ignore[attr-defined]
+        first, size = scrape(port)  # opens ledgers and sockets, asks the kubelet
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+        series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+        times = []
+        cpu0 = time.process_time()
+        for _ in range(args.scrapes):
+            took, _ = scrape(port)
+            times.append(took)
+        cpu = (time.process_time() - cpu0) / args.scrapes
+        times.sort()
+        p = lambda q: times[min(len(times) - 1, int(q * len(times)))] * 1000  # noqa: E731
+        print(f"node: {args.gpus} GPUs x {args.tenants} tenants = {args.gpus * args.tenants} containers, "
+              f"{series} series, {size / 1024:.0f} KiB per scrape")
+        print(f"first scrape (cold caches): {first * 1000:.1f} ms")
+        print(f"scrape time over {args.scrapes} scrapes: p50 {p(0.5):.1f} ms, p95 {p(0.95):.1f} ms, "
+              f"max {times[-1] * 1000:.1f} ms, mean {statistics.mean(times) * 1000:.1f} ms (goal <= 50 ms)")
+        print(f"CPU per scrape (this process, exporter + HTTP client): {cpu * 1000:.1f} ms")
+        nvml.close()
+        return 0
+    finally:
+        if stop is not None:
+            stop()
+        if server is not None:
+            server.stop(None)
+        for d in daemons:
+            d.kill()
+            d.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""The exporter's output, parsed with Prometheus' text parser, against what the simulator,
+the ledgers and the schedulers recorded for the tenants of conftest's scenario."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from monitoring.conftest import NODE, GiB, MiB, Node, wait_for
+from monitoring.snapshots import SNAPSHOT, row
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+
+from device_plugin import metrics_text
+from device_plugin.metrics import snapshot_metrics, start_exporter
+from device_plugin.metrics_snapshot import NodeReader, NodeSnapshot
+from py_vcuda.ledger import Ledger
+
+SHARE_TOLERANCE = 0.08      # absolute, of the GPU's time: sampling edges of a 2 s window
+Samples = dict[str, list[Sample]]
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append(sample)
+    return out
+
+
+def find(samples: Samples, name: str, **labels: str) -> list[Sample]:
+    return [s for s in samples.get(name, []) if all(s.labels.get(k) == v for k, v in labels.items())]
+
+
+def one(samples: Samples, name: str, **labels: str) -> float:
+    hits = find(samples, name, **labels)
+    assert len(hits) == 1, f"{name}{labels}: {len(hits)} samples"
+    return hits[0].value
+
+
+@pytest.fixture(scope="module")
+def exporter(node: Node) -> Iterator[int]:
+    stop = start_exporter(port=0, addr="127.0.0.1", layout=node.layout, mode="vgpu", node=NODE,
+                          pod_resources_socket=node.kubelet_socket, nvml=node.nvml)
+    try:
+        yield stop.port  # type: ignore[attr-defined]
+    finally:
+        stop()
+
+
+def labels_of(node: Node, key: str) -> dict[str, str]:
+    ns, pod, container = node.expected_names[key]
+    return {"node": NODE, "namespace": ns, "pod": pod, "container": container}
+
+
+def test_every_container_appears_with_its_labels_and_quotas(node: Node, exporter: int) -> None:
+    s = scrape(exporter)
+    for t in node.tenants.values():
+        labels = {**labels_of(node, t.key), "gpu": str(t.gpu), "uuid": node.uuids[t.gpu], "mode": t.mode}
+        assert one(s, "vcuda_container_core_request_ratio", **labels) == pytest.approx(t.request / 100)
+        assert one(s, "vcuda_container_core_limit_ratio", **labels) == pytest.approx(t.limit / 100)
+        want_limit = t.memory_limit if t.memory_limit is not None else 4 * GiB  # pGPU: the whole card
+        assert one(s, "vcuda_container_memory_limit_bytes", **labels) == want_limit
+    # names resolved through pod-resources for records that lacked them
+    assert find(s, "vcuda_container_core_request_ratio", namespace="team-b", pod="infer-0", container="server")
+    assert find(s, "vcuda_container_core_request_ratio", namespace="team-c", pod="render-0", mode="pgpu")
+
+
+def test_gpu_metrics_match_nvml_and_allocations(node: Node, exporter: int) -> None:
+    s = scrape(exporter)
+    with node.reader() as sim:
+        devices = sim.devices()
+    for d in devices:
+        labels = {"node": NODE, "gpu": str(d.index), "uuid": d.uuid}
+        assert one(s, "vcuda_gpu_memory_total_bytes", **labels) == d.capacity
+        assert one(s, "vcuda_gpu_info", **labels) == 1
+        assert 0 <= one(s, "vcuda_gpu_utilization_ratio", **labels) <= 1
+        assert one(s, "vcuda_gpu_temperature_celsius", **labels) > 0
+        assert one(s, "vcuda_gpu_power_watts", **labels) > 0
+        tenants = [t for t in node.tenants.values() if t.gpu == d.index]
+        assert one(s, "vcuda_gpu_containers", **labels) == len(tenants)
+        assert one(s, "vcuda_gpu_cores_allocated_ratio", **labels) == pytest.approx(
+            sum(t.request for t in tenants) / 100)
+    gpu_modes = {smp.labels["gpu"]: smp.labels["mode"] for smp in s["vcuda_gpu_info"]}
+    assert gpu_modes == {"0": "vgpu", "1": "vgpu", "2": "pgpu", "3": "mps"}
+    assert one(s, "vcuda_gpu_memory_allocated_bytes", gpu="3") == 3 * GiB
+    assert one(s, "vcuda_scheduler_up", gpu="0") == 1
+    assert not find(s, "vcuda_scheduler_up", gpu="2")  # pGPU: no scheduler
+
+
+def test_memory_matches_ledgers_and_simulator(node: Node, exporter: int) -> None:
+    held = [t for t in node.tenants.values() if t.mode == "vgpu" and t.holds]
+    for t in held:  # the allocation happens before the spin starts
+        wait_for(lambda t=t: find(scrape(exporter), "vcuda_container_memory_used_bytes", **labels_of(node, t.key))
+                 and one(scrape(exporter), "vcuda_container_memory_used_bytes", **labels_of(node, t.key))
+                 >= t.holds, 60, f"{t.key}'s allocation")
+    s = scrape(exporter)
+    with node.reader() as sim:
+        for t in held:
+            used = one(s, "vcuda_container_memory_used_bytes", **labels_of(node, t.key))
+            with Ledger(node.layout.container_dir(f"c-{t.key}") / "ledger") as ledger:
+                (device,) = ledger.devices()
+            assert used == device.used
+            # the simulator's own count for the process: the allocation plus its context
+            (proc,) = [p for p in sim.processes(t.gpu) if p.pid == t.proc.pid]  # type: ignore[union-attr]
+            assert abs(used - proc.used) <= 64 * MiB, (t.key, used, proc.used)
+            assert t.holds <= used <= t.holds + 64 * MiB
+        render = node.tenants["render"]
+        gpu = sim.device(render.gpu)
+        assert one(s, "vcuda_container_memory_used_bytes", **labels_of(node, "render")) == gpu.used
+    full = labels_of(node, "full")
+    wait_for(lambda: one(scrape(exporter), "vcuda_container_oom_denials_total", **full) >= 1, 60, "full's OOM")
+    s = scrape(exporter)
+    assert one(s, "vcuda_container_memory_used_bytes", **full) > 0.95 * 512 * MiB
+
+
+def _busy(node: Node, gpu: int) -> dict[int, int]:
+    with node.reader() as sim:
+        return {p.pid: p.busy_ns for p in sim.processes(gpu)}
+
+
+def test_shares_match_the_simulator(node: Node, exporter: int) -> None:
+    """GPU 0's scheduler window is 2 s: the share over it against the simulator's busy time over 2 s."""
+    tenants = [node.tenants["train"], node.tenants["infer"]]
+    wait_for(lambda: all(find(scrape(exporter), "vcuda_container_gpu_time_share_ratio", **labels_of(node, t.key))
+                         for t in tenants), 60, "shares")
+    time.sleep(2.0)  # let the window fill with steady state
+    before, t0 = _busy(node, 0), time.monotonic()
+    time.sleep(2.0)  # one scheduler window
+    s = scrape(exporter)
+    after, t1 = _busy(node, 0), time.monotonic()
+    for t in tenants:
+        pid = t.proc.pid  # type: ignore[union-attr]
+        measured = (after[pid] - before[pid]) / 1e9 / (t1 - t0)
+        exported = one(s, "vcuda_container_gpu_time_share_ratio", **labels_of(node, t.key))
+        assert abs(exported - measured) <= SHARE_TOLERANCE, (t.key, exported, measured)
+        assert abs(exported - t.limit / 100) <= SHARE_TOLERANCE, (t.key, exported)
+    render = one(s, "vcuda_container_gpu_time_share_ratio", **labels_of(node, "render"))
+    assert render > 0.9  # a whole card, spinning: NVML's utilization
+
+
+def test_token_wait_histogram_is_cumulative_and_matches_the_scheduler(node: Node, exporter: int) -> None:
+    s = scrape(exporter)
+    labels = labels_of(node, "train")
+    buckets = sorted(find(s, "vcuda_container_token_wait_seconds_bucket", **labels),
+                     key=lambda smp: float(smp.labels["le"]))
+    values = [b.value for b in buckets]
+    assert values == sorted(values) and buckets[-1].labels["le"] == "+Inf"
+    count = one(s, "vcuda_container_token_wait_seconds_count", **labels)
+    assert values[-1] == count > 0
+    assert one(s, "vcuda_container_token_wait_seconds_sum", **labels) > 0
+    grants = one(s, "vcuda_container_token_grants_total", **labels)
+    assert grants >= count  # every wait ended in a grant
+
+
+def test_a_hung_scheduler_does_not_hang_the_scrape(node: Node, exporter: int) -> None:
+    import signal
+
+    daemon = node.daemons[0]
+    daemon.send_signal(signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        s = scrape(exporter)
+        first = time.monotonic() - start
+        s = scrape(exporter)
+        assert one(s, "vcuda_scheduler_up", gpu="0") == 0
+        assert one(s, "vcuda_exporter_errors") >= 1
+        assert not find(s, "vcuda_container_token_grants_total", gpu="0")
+        assert find(s, "vcuda_container_token_grants_total", gpu="1")  # the other GPU is unaffected
+        assert first < 10  # one admin timeout, not a hang
+    finally:
+        daemon.send_signal(signal.SIGCONT)
+    wait_for(lambda: one(scrape(exporter), "vcuda_scheduler_up", gpu="0") == 1, 60, "scheduler back")
+
+
+class _Fixed(Collector):
+    def __init__(self, metrics: list) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> list:
+        return self.metrics
+
+
+def _same_as_generate_latest(metrics: list) -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(metrics))
+    assert metrics_text.render(metrics) == generate_latest(registry)
+
+
+def test_text_rendering_is_generate_latests(node: Node) -> None:
+    reader = NodeReader(node.layout, mode="vgpu", node=NODE, nvml=node.nvml)
+    try:
+        metrics = snapshot_metrics(reader.snapshot(), 0.012)
+    finally:
+        reader.close()
+    assert len(metrics) > 15
+    _same_as_generate_latest(metrics)
+
+
+def test_text_rendering_escapes_label_values() -> None:
+    odd = row(key="c3", namespace="", pod="", container='sh -c "echo \\\\ done"\nnext', tenant=None,
+              tenant_stats=None)
+    snap = NodeSnapshot(SNAPSHOT.node, SNAPSHOT.mode, SNAPSHOT.gpus, (*SNAPSHOT.containers, odd), ())
+    metrics = snapshot_metrics(snap)
+    _same_as_generate_latest(metrics)
+    families = list(text_string_to_metric_families(metrics_text.render(metrics).decode()))
+    containers = {s.labels["container"] for f in families for s in f.samples if "container" in s.labels}
+    assert odd.container in containers

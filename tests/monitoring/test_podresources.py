@@ -1,0 +1,116 @@
+"""The pod-resources client against a stand-in kubelet, including a kubelet restart."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from device_plugin.podresources import PodRef, PodResourcesClient, PodResourcesError
+from device_plugin.testing import TestPodResources
+
+CORE = "tencent.com/vcuda-core"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Kubelet(TestPodResources):
+    """The plugin helper's stand-in, counting List calls; stop() removes the socket like a dying kubelet."""
+
+    __test__ = False
+
+    def __init__(self, socket: Path, owners: dict) -> None:
+        super().__init__(socket)
+        self.owners = owners
+        self.calls = 0
+        self.start()
+
+    def List(self, request, context):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return super().List(request, context)
+
+    def stop(self) -> None:
+        super().stop()
+        self.socket.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="vc", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_lookup_maps_device_ids_to_containers(sock_dir: Path) -> None:
+    kubelet = Kubelet(sock_dir / "kubelet.sock", {
+        ("team-a", "train-0", "main"): {CORE: ["GPU-1::0", "GPU-1::1"], "tencent.com/vcuda-memory": ["GPU-1::m0"]},
+        ("team-b", "infer-0", "server"): {"nvidia.com/gpu": ["GPU-2"]},
+    })
+    client = PodResourcesClient(sock_dir / "kubelet.sock")
+    try:
+        assert client.lookup(CORE, ["GPU-1::1"]) == PodRef("team-a", "train-0", "main")
+        assert client.lookup("nvidia.com/gpu", ["GPU-2"]) == PodRef("team-b", "infer-0", "server")
+        # the ID under another resource name still finds its container
+        assert client.lookup("tencent.com/vcuda-memory", ["GPU-1::0"]) == PodRef("team-a", "train-0", "main")
+        assert client.lookup(CORE, ["GPU-9::0"]) is None
+        assert client.lookup(CORE, []) is None
+    finally:
+        client.close()
+        kubelet.stop()
+
+
+def test_cache_is_refreshed_only_when_due(sock_dir: Path) -> None:
+    assignments: dict = {("ns", "p", "c"): {CORE: ["GPU-1::0"]}}
+    kubelet = Kubelet(sock_dir / "kubelet.sock", assignments)
+    clock = Clock()
+    client = PodResourcesClient(sock_dir / "kubelet.sock", refresh_s=10, miss_refresh_s=1, clock=clock)
+    try:
+        for _ in range(5):
+            assert client.lookup(CORE, ["GPU-1::0"]) == PodRef("ns", "p", "c")
+        assert kubelet.calls == 1
+        assignments[("ns", "q", "c")] = {CORE: ["GPU-1::1"]}
+        assert client.lookup(CORE, ["GPU-1::1"]) is None  # a miss asks again, but not within miss_refresh_s
+        clock.now += 1.5
+        assert client.lookup(CORE, ["GPU-1::1"]) == PodRef("ns", "q", "c")
+        assert kubelet.calls == 2
+    finally:
+        client.close()
+        kubelet.stop()
+
+
+def test_reconnects_after_kubelet_restart(sock_dir: Path) -> None:
+    sock = sock_dir / "kubelet.sock"
+    clock = Clock()
+    kubelet = Kubelet(sock, {("ns", "old", "c"): {CORE: ["GPU-1::0"]}})
+    client = PodResourcesClient(sock, refresh_s=10, clock=clock)
+    try:
+        assert client.lookup(CORE, ["GPU-1::0"]) == PodRef("ns", "old", "c")
+        kubelet.stop()
+        clock.now += 11
+        with pytest.raises(PodResourcesError):
+            client.list()
+        # while the kubelet is down the last mapping still answers
+        assert client.lookup(CORE, ["GPU-1::0"]) == PodRef("ns", "old", "c")
+        kubelet = Kubelet(sock, {("ns", "new", "c"): {CORE: ["GPU-1::0"]}})
+        clock.now += 11
+        assert client.lookup(CORE, ["GPU-1::0"]) == PodRef("ns", "new", "c")
+        assert client.last_error == ""
+    finally:
+        client.close()
+        kubelet.stop()
+
+
+def test_missing_socket_is_an_error_not_a_hang(sock_dir: Path) -> None:
+    client = PodResourcesClient(sock_dir / "absent.sock", timeout_s=0.5)
+    with pytest.raises(PodResourcesError, match="no kubelet pod-resources socket"):
+        client.list()
+    assert client.lookup(CORE, ["GPU-1::0"]) is None

@@ -19,6 +19,7 @@ from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .errors import ErrorCode, PolicyError
 
@@ -124,16 +125,18 @@ class UsageWindow:
         return window
 
 
-@dataclass
+@dataclass(slots=True)
 class Waiter:
     since: int
     predicted_ns: int
     seq: int
 
 
-@dataclass(frozen=True)
-class Grant:
-    """A lease handed to one client; the daemon turns it into a GRANT frame."""
+class Grant(NamedTuple):
+    """A lease handed to one client; the daemon turns it into a GRANT frame.
+
+    A NamedTuple: immutable like a frozen dataclass but built several times
+    faster, and one is built on every handoff."""
 
     tenant: str
     client: ClientId
@@ -148,7 +151,7 @@ class Grant:
         return self.granted_at + self.quantum_ns
 
 
-@dataclass
+@dataclass(slots=True)
 class Lease:
     tenant: str
     client: ClientId
@@ -373,26 +376,28 @@ class Policy:
                 return None
             self._expire(lease, now)
         self._recheck_at = None
-        best: tuple[tuple[int, int, int], Tenant, int] | None = None
+        best: tuple[tuple[int, int, int], Tenant] | None = None
         recheck: int | None = None
-        for tenant in self.tenants.values():
+        window = self.config.window_ns
+        for tenant in self.tenants.values():  # this loop runs on every handoff: no helper calls
             if not tenant.waiting:
                 continue
-            used = self._usage(tenant, now)
-            limit_ns = self._share_ns(tenant, tenant.limit, now)
-            if used > limit_ns:  # strict: a 100 % limit never blocks
+            used = tenant.usage.usage(now, window)
+            age = now - tenant.added_at
+            span = window if age >= window else max(1, age)  # self._span(tenant, now)
+            if used * 100 > tenant.limit * span:  # strict: a 100 % limit never blocks
                 at = now + max(self._time_below_limit(tenant, now, used), RECHECK_MIN_NS)
-                recheck = at if recheck is None else min(recheck, at)
+                recheck = at if recheck is None or at < recheck else recheck
                 continue
             oldest = next(iter(tenant.waiting.values())).since
-            deficit = self._share_ns(tenant, tenant.request, now) - used
+            deficit = tenant.request * span // 100 - used
             key = (0, -deficit, oldest) if deficit > 0 else (1, used, oldest)
             if best is None or key < best[0]:
-                best = (key, tenant, used)
+                best = (key, tenant)
         if best is None:
             self._recheck_at = recheck
             return None
-        _, tenant, used = best
+        tenant = best[1]
         client, waiter = tenant.waiting.popitem(last=False)
         quantum = self._quantum(tenant, waiter.predicted_ns)
         lease_id = (self.epoch << 32) | self._next_lease

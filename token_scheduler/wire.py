@@ -49,12 +49,12 @@ ERROR_BODY = struct.Struct("<HHIQ")  # code, text_len, reserved, ref  (+ text)
 PING_BODY = struct.Struct("<Q")  # nonce
 PONG_BODY = struct.Struct("<QIBxxxQ")  # nonce, epoch, state, 3 pad, lease_id
 
-# Client-to-server types and their exact body sizes.
-_CLIENT_BODIES: dict[int, struct.Struct] = {
-    MsgType.REQUEST: REQUEST_BODY,
-    MsgType.RELEASE: RELEASE_BODY,
-    MsgType.RENEW: RENEW_BODY,
-    MsgType.PING: PING_BODY,
+# Client-to-server types and their exact bodies. Keyed by the plain int so that
+# decoding (on every handoff) looks the member up instead of constructing it.
+_CLIENT_BODIES: dict[int, tuple[MsgType, struct.Struct]] = {
+    int(t): (t, body)
+    for t, body in ((MsgType.REQUEST, REQUEST_BODY), (MsgType.RELEASE, RELEASE_BODY),
+                    (MsgType.RENEW, RENEW_BODY), (MsgType.PING, PING_BODY))
 }
 
 
@@ -106,16 +106,17 @@ def _decode_header(frame: bytes) -> tuple[int, int, int, int]:
 def decode_client(frame: bytes) -> Message:
     """Decode a client-to-server frame (REQUEST, RELEASE, RENEW, PING)."""
     msg_type, flags, seq, body_len = _decode_header(frame)
-    body = _CLIENT_BODIES.get(msg_type)
-    if body is None:
+    known = _CLIENT_BODIES.get(msg_type)
+    if known is None:
         raise WireError(ErrorCode.UNKNOWN_TYPE, f"type {msg_type} not accepted", seq=seq)
+    member, body = known
     if body_len != body.size:
         raise WireError(
             ErrorCode.MALFORMED,
-            f"{MsgType(msg_type).name} body must be {body.size} bytes, got {body_len}",
+            f"{member.name} body must be {body.size} bytes, got {body_len}",
             seq=seq,
         )
-    return Message(MsgType(msg_type), flags, seq, body.unpack_from(frame, HEADER_SIZE))
+    return Message(member, flags, seq, body.unpack_from(frame, HEADER_SIZE))
 
 
 def decode_server(frame: bytes) -> Message:

@@ -73,6 +73,7 @@ class Peer:
         self.greeted = False   # the peer's 64-byte greeting arrived
         self.ready = False     # the peer's READY arrived: messages may flow
         self.closed = False
+        self.watching_output = False  # the daemon's epoll set waits for writability (outbuf backed up)
         self.frames: list[bytes] = []  # frames of a message still missing its last one
 
     def fileno(self) -> int:

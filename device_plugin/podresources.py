@@ -2,8 +2,11 @@
 
 The exporter and `vcuda top` label a container by namespace/pod/container.
 Allocate does not always know them, so readers look the container's device IDs
-up here. The mapping is cached and refreshed at most every `refresh_s`
-(sooner, but rate-limited, when a device ID is not in it). The kubelet
+up here. A lookup matches (resource name, device ID) exactly: vcuda-core and
+vcuda-memory IDs share the `<uuid>::<i>` form, so an ID alone names nobody. The
+mapping is cached and refreshed at most every `refresh_s`, sooner (rate-limited
+to one `List` per `miss_refresh_s`) when a lookup misses: an ID not in it, or
+IDs the cache gives to different containers (a record newer than the cache). The kubelet
 re-creates its socket when it restarts: a failed call or a new socket inode
 drops the channel, and the next refresh dials again, so a restart costs one
 missed refresh, never a stuck client.
@@ -59,18 +62,19 @@ class PodResourcesClient:
 
     def __init__(self, socket: Path | str = DEFAULT_SOCKET, *, timeout_s: float = 1.0,
                  refresh_s: float = 10.0, miss_refresh_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
         self.socket = Path(socket)
         self.timeout_s = timeout_s
         self.refresh_s = refresh_s
         self.miss_refresh_s = miss_refresh_s
         self.clock = clock
+        self.wall_clock = wall_clock
         self._channel: grpc.Channel | None = None
         self._stub: pr_grpc.PodResourcesListerStub | None = None
         self._inode: int | None = None
         self._mapping: dict[DeviceKey, PodRef] = {}
-        self._by_id: dict[str, PodRef] = {}
         self._fetched_at: float | None = None   # last successful List
+        self._fetched_wall = 0.0                # the same, wall clock (records carry wall-clock times)
         self._tried_at: float | None = None     # last attempt, successful or not
         self.last_error: str = ""
 
@@ -111,8 +115,8 @@ class PodResourcesClient:
             raise
         mapping = index_pods(response)
         self._mapping = mapping
-        self._by_id = {device_id: ref for (_, device_id), ref in mapping.items()}
         self._fetched_at = self.clock()
+        self._fetched_wall = self.wall_clock()
         self.last_error = ""
         return mapping
 
@@ -124,12 +128,18 @@ class PodResourcesClient:
         except PodResourcesError as exc:
             log.debug("%s", exc)  # keep the last good mapping; assignments outlive kubelet restarts
 
-    def lookup(self, resource: str, device_ids: Iterable[str]) -> PodRef | None:
-        """The container holding any of `device_ids` (of `resource`, or failing that of any resource)."""
+    def lookup(self, resource: str, device_ids: Iterable[str], *, since: float = 0.0) -> PodRef | None:
+        """The container holding `device_ids` of `resource`: every ID must be assigned, to one container.
+
+        A miss (an ID not assigned, or the IDs split between containers) asks the kubelet again,
+        rate-limited; None when the answer still does not name one container. `since` (wall clock,
+        e.g. the record's creation): a mapping fetched before it may still name the IDs' previous
+        holder, so it is refreshed first (rate-limited the same way).
+        """
         ids = list(device_ids)
-        if not ids:
+        if not ids or not resource:
             return None
-        self._refresh_if(self.refresh_s)
+        self._refresh_if(self.miss_refresh_s if since and self._fetched_wall < since else self.refresh_s)
         ref = self._find(resource, ids)
         if ref is None:
             self._refresh_if(self.miss_refresh_s)  # a container newer than the cache
@@ -137,8 +147,5 @@ class PodResourcesClient:
         return ref
 
     def _find(self, resource: str, ids: list[str]) -> PodRef | None:
-        for device_id in ids:
-            ref = self._mapping.get((resource, device_id)) or self._by_id.get(device_id)
-            if ref is not None:
-                return ref
-        return None
+        refs = {self._mapping.get((resource, device_id)) for device_id in ids}
+        return refs.pop() if len(refs) == 1 else None

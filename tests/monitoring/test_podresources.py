@@ -59,10 +59,13 @@ def test_lookup_maps_device_ids_to_containers(sock_dir: Path) -> None:
     try:
         assert client.lookup(CORE, ["GPU-1::1"]) == PodRef("team-a", "train-0", "main")
         assert client.lookup("nvidia.com/gpu", ["GPU-2"]) == PodRef("team-b", "infer-0", "server")
-        # the ID under another resource name still finds its container
-        assert client.lookup("tencent.com/vcuda-memory", ["GPU-1::0"]) == PodRef("team-a", "train-0", "main")
+        # an ID names a device only together with its resource: GPU-1::0 is a core, not a memory unit
+        assert client.lookup("tencent.com/vcuda-memory", ["GPU-1::0"]) is None
+        assert client.lookup("tencent.com/vcuda-memory", ["GPU-1::m0"]) == PodRef("team-a", "train-0", "main")
         assert client.lookup(CORE, ["GPU-9::0"]) is None
+        assert client.lookup(CORE, ["GPU-1::0", "GPU-9::0"]) is None  # not all of them: not this container
         assert client.lookup(CORE, []) is None
+        assert client.lookup("", ["GPU-1::0"]) is None  # a bare-metal record: no kubelet resource
     finally:
         client.close()
         kubelet.stop()
@@ -81,6 +84,49 @@ def test_cache_is_refreshed_only_when_due(sock_dir: Path) -> None:
         assert client.lookup(CORE, ["GPU-1::1"]) is None  # a miss asks again, but not within miss_refresh_s
         clock.now += 1.5
         assert client.lookup(CORE, ["GPU-1::1"]) == PodRef("ns", "q", "c")
+        assert kubelet.calls == 2
+    finally:
+        client.close()
+        kubelet.stop()
+
+
+def test_memory_ids_of_another_pod_do_not_name_a_new_container(sock_dir: Path) -> None:
+    """vcuda-memory IDs have the vcuda-core form `<uuid>::<i>`: a cached listing in which a pod holds memory
+    unit GPU-1::3 must not label a new container that holds core GPU-1::3, and the miss must ask again."""
+    memory = "tencent.com/vcuda-memory"
+    assignments: dict = {("team-a", "old-0", "main"): {CORE: ["GPU-1::0"], memory: ["GPU-1::3", "GPU-1::4"]}}
+    kubelet = Kubelet(sock_dir / "kubelet.sock", assignments)
+    clock = Clock()
+    client = PodResourcesClient(sock_dir / "kubelet.sock", refresh_s=10, miss_refresh_s=1, clock=clock)
+    try:
+        assert client.lookup(CORE, ["GPU-1::0"]) == PodRef("team-a", "old-0", "main")
+        assert kubelet.calls == 1
+        assignments[("team-b", "new-0", "main")] = {CORE: ["GPU-1::3", "GPU-1::4"]}  # the kubelet's new container
+        clock.now += 1.5  # within refresh_s: only the miss can make the client ask again
+        assert client.lookup(CORE, ["GPU-1::3", "GPU-1::4"]) == PodRef("team-b", "new-0", "main")
+        assert kubelet.calls == 2
+    finally:
+        client.close()
+        kubelet.stop()
+
+
+def test_a_record_newer_than_the_listing_asks_again(sock_dir: Path) -> None:
+    """Device IDs freed by a deleted pod and given to a new container: the cached listing still names the old
+    pod; a record created after the listing refreshes it (rate-limited), an older one waits for refresh_s."""
+    assignments: dict = {("ns", "old", "c"): {CORE: ["GPU-1::0"]}}
+    kubelet = Kubelet(sock_dir / "kubelet.sock", assignments)
+    clock, wall = Clock(), Clock()
+    client = PodResourcesClient(sock_dir / "kubelet.sock", refresh_s=10, miss_refresh_s=1, clock=clock,
+                                wall_clock=wall)
+    try:
+        assert client.lookup(CORE, ["GPU-1::0"], since=wall.now - 5) == PodRef("ns", "old", "c")
+        del assignments[("ns", "old", "c")]
+        assignments[("ns", "new", "c")] = {CORE: ["GPU-1::0"]}
+        clock.now += 2
+        wall.now += 2
+        assert client.lookup(CORE, ["GPU-1::0"], since=wall.now - 5) == PodRef("ns", "old", "c")  # older record
+        assert kubelet.calls == 1
+        assert client.lookup(CORE, ["GPU-1::0"], since=wall.now - 1) == PodRef("ns", "new", "c")
         assert kubelet.calls == 2
     finally:
         client.close()

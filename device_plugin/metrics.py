@@ -28,7 +28,9 @@ GPU_LABELS = ["node", "gpu", "uuid", "mode"]
 # The scheduler keeps 16 wait bounds; every exported bucket is a series per container, and text
 # formatting dominates a scrape, so export the bounds dashboards need (cumulative counts stay exact).
 EXPORTED_WAIT_BOUNDS_S = frozenset({0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0})
-CONTAINER_LABELS = [*GPU_LABELS, "namespace", "pod", "container"]
+# `tenant` is the container's record key (ContainerRecord.key): unique on the node, so two rows with the same
+# names (bare-metal runs of one command, records pod-resources cannot name) stay two series.
+CONTAINER_LABELS = [*GPU_LABELS, "namespace", "pod", "container", "tenant"]
 
 
 def _gpu_label(index: int | None) -> str:
@@ -103,7 +105,7 @@ def snapshot_metrics(snap: NodeSnapshot, scrape_s: float | None = None) -> list[
 
 
 def _container_metrics(f: _Families, snap: NodeSnapshot, c: ContainerGPU) -> None:
-    labels = [snap.node, _gpu_label(c.gpu), c.uuid, c.mode, c.namespace, c.pod, c.container]
+    labels = [snap.node, _gpu_label(c.gpu), c.uuid, c.mode, c.namespace, c.pod, c.container, c.key]
     f.gauge("vcuda_container_core_request_ratio", "Guaranteed share of the GPU's time",
             CONTAINER_LABELS).add_metric(labels, c.core_request)
     f.gauge("vcuda_container_core_limit_ratio", "Cap on the share of the GPU's time",
@@ -123,6 +125,10 @@ def _container_metrics(f: _Families, snap: NodeSnapshot, c: ContainerGPU) -> Non
     if c.share is not None:
         f.gauge("vcuda_container_gpu_time_share_ratio", "Measured share of the GPU's time over the "
                 "scheduler window", CONTAINER_LABELS).add_metric(labels, c.share)
+    if c.gpu_time_s is not None:
+        f.counter("vcuda_container_gpu_time_seconds", "GPU time used (token hold time; whole cards: NVML "
+                  "utilization over time), since the exporter first saw the container",
+                  CONTAINER_LABELS).add_metric(labels, c.gpu_time_s)
     t = c.tenant_stats
     if t is None:
         return

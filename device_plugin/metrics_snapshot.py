@@ -9,6 +9,15 @@ Per-reading work is bounded: GPU identities are read once, records are
 re-parsed only when their file changes, ledgers stay mapped, and scheduler
 calls have a short timeout; a scheduler that missed one is left alone for
 `scheduler_backoff_s`, so a hung scheduler costs one timeout, not one per scrape.
+A scheduler's reply that is not a well-formed `stats` document is an error of
+this reading (in `errors`), never an exception: one scheduler cannot fail a scrape.
+
+GPU time (`ContainerGPU.gpu_time_s`, a counter) is integrated across readings:
+for a vGPU tenant from its usage over the scheduler's sliding window at each
+reading (`held_between`), or the scheduler's own cumulative figure when its
+`stats` carry one (`held_ms_total`); for a whole card (pGPU, or a vGPU container
+of whole cards) from NVML utilization (trapezoids between readings). It starts
+at the first reading that sees the container, so it counts from there.
 """
 
 from __future__ import annotations
@@ -18,7 +27,9 @@ import os
 import socket
 import stat
 import time
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from device_plugin.layout import LEDGER_FILE, RECORD_FILE, ContainerRecord, LayoutError, NodeLayout
@@ -29,7 +40,6 @@ from py_vcuda.nvml import NVML, GPUInfo, GPUUsage
 from token_scheduler.admin_client import AdminClient
 
 log = logging.getLogger("vcuda.metrics")
-
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,7 @@ class ContainerGPU:
     oom_denials: int | None
     share: float | None               # measured share of GPU time; None: not measured
     tenant_stats: TenantStats | None  # None: no scheduler tenant
+    gpu_time_s: float | None = None   # GPU time used (counter, module doc); None: not measured
 
     @property
     def display_name(self) -> str:
@@ -109,7 +120,7 @@ class ContainerGPU:
 @dataclass(frozen=True)
 class NodeSnapshot:
     node: str
-    mode: str
+    mode: str                          # the node's sharing mode ("" unknown): for GPUs without containers
     gpus: tuple[GPUState, ...]
     containers: tuple[ContainerGPU, ...]
     errors: tuple[str, ...]            # unreadable records, dead schedulers: shown, never fatal
@@ -122,11 +133,17 @@ class _Scheduler:
         self.directory = directory
         self.client: AdminClient | None = None
         self.quiet_until = 0.0
+        self.error = ""   # why the last stats() returned None ("" : no scheduler here)
 
     def stats(self, timeout_s: float, backoff_s: float) -> dict[str, object] | None:
+        """The scheduler's `stats` reply, checked for the fields readers use; None with `error` set."""
+        self.error = ""
         sock = self.directory / "admin.sock"
         now = time.monotonic()
-        if now < self.quiet_until or not _is_socket(sock):
+        if not _is_socket(sock):
+            return None
+        if now < self.quiet_until:
+            self.error = "did not answer (skipped until its back-off ends)"
             return None
         if self.client is None:
             self.client = AdminClient(sock)
@@ -134,13 +151,38 @@ class _Scheduler:
             reply = self.client.call("stats", timeout_s=timeout_s)
         except TimeoutError:
             self.quiet_until = now + backoff_s
+            self.error = "did not answer"
             return None
-        return reply if reply.get("ok") else None
+        except Exception as exc:  # a garbled reply or a broken socket: start over next time, never raise
+            self.close()
+            self.error = f"unreadable stats reply: {exc!r}"
+            return None
+        problem = _stats_problem(reply)
+        if problem:
+            self.error = problem
+            return None
+        return reply
 
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
             self.client = None
+
+
+def _stats_problem(reply: object) -> str:
+    """What is wrong with a `stats` reply ("" if nothing)."""
+    if not isinstance(reply, dict):
+        return f"stats reply is not an object: {type(reply).__name__}"
+    if not reply.get("ok"):
+        return f"stats refused: {reply.get('error', reply)!r}"[:200]
+    if not isinstance(reply.get("tenants"), dict):
+        return "stats reply without a tenants object"
+    try:
+        if float(reply["window_s"]) <= 0:
+            return "stats reply with a window_s <= 0"
+    except (KeyError, TypeError, ValueError):
+        return "stats reply without a numeric window_s"
+    return ""
 
 
 def _is_socket(path: Path) -> bool:
@@ -150,13 +192,55 @@ def _is_socket(path: Path) -> bool:
         return False
 
 
-class NodeReader:
-    """Reads NodeSnapshots of one node; not thread-safe (the exporter serialises scrapes)."""
+def held_between(prev_usage_s: float, prev_span_s: float, usage_s: float, span_s: float, dt_s: float,
+                 window_s: float) -> float:
+    """A tenant's token-hold time in the last `dt_s` seconds, from its scheduler usage at both ends.
 
-    def __init__(self, layout: NodeLayout, *, mode: str, node: str | None = None, nvml: NVML | None = None,
+    The scheduler reports usage(t) = hold time in (t - span, t], where span is its window, or the
+    tenant's age while younger. So hold in (t - dt, t] = usage(t) - usage(t - dt) + what left the
+    window meanwhile (the hold in (t - dt - window, t - window]); that part is estimated as spread
+    evenly over the previous span. Exact while the tenant is younger than the window; otherwise off
+    by the change of its rate within a window, which averages out over successive readings. Readings
+    further apart than the window count the latest window exactly and the gap at the mean rate of
+    the two readings (a sample, not a measurement: read at least once per window to avoid it).
+    """
+    if dt_s <= 0:
+        return 0.0
+    if span_s < min(dt_s, window_s):  # (re)added since the previous reading: its usage is all it has held
+        return max(0.0, usage_s)
+    if dt_s >= window_s:
+        prev_rate = prev_usage_s / prev_span_s if prev_span_s > 0 else 0.0
+        rate = (prev_rate + usage_s / span_s) / 2
+        return max(0.0, usage_s + (dt_s - window_s) * rate)
+    left = 0.0
+    if span_s >= window_s and prev_span_s > 0:  # the window has started to shed the oldest hold
+        left = prev_usage_s * max(0.0, min(dt_s, dt_s - window_s + prev_span_s)) / prev_span_s
+    return max(0.0, usage_s - prev_usage_s + left)
+
+
+@dataclass(frozen=True)
+class _GPUTime:
+    """The GPU-time counter of one container on one GPU, and what the next reading adds to."""
+
+    at: float                  # clock of the reading
+    total_s: float
+    source: str                # "tenant" (token scheduler) or "card" (NVML utilization of a whole card)
+    usage_s: float = 0.0       # tenant: its usage over its span then
+    span_s: float = 0.0
+    busy: float = 0.0          # card: its utilization ratio then
+
+
+class NodeReader:
+    """Reads NodeSnapshots of one node; not thread-safe (the exporter serialises scrapes).
+
+    `mode` is the node agent's sharing mode; None (for `vcuda top`): the most common mode of
+    the records, else "vgpu" when the node has token schedulers, else unknown ("").
+    """
+
+    def __init__(self, layout: NodeLayout, *, mode: str | None, node: str | None = None, nvml: NVML | None = None,
                  pod_resources: PodResourcesClient | None = None, admin_timeout_s: float = 0.2,
-                 scheduler_backoff_s: float = 10.0,
-                 extra_layouts: tuple[NodeLayout, ...] = ()) -> None:
+                 scheduler_backoff_s: float = 10.0, extra_layouts: tuple[NodeLayout, ...] = (),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.layouts = (layout, *extra_layouts)
         self.layout = layout
         self.mode = mode
@@ -165,10 +249,12 @@ class NodeReader:
         self.pod_resources = pod_resources
         self.admin_timeout_s = admin_timeout_s
         self.scheduler_backoff_s = scheduler_backoff_s
+        self.clock = clock
         self._gpus: list[GPUInfo] | None = None
         self._records: dict[Path, tuple[tuple[int, int], ContainerRecord]] = {}
         self._ledgers: dict[Path, tuple[int, Ledger]] = {}
         self._schedulers: dict[Path, _Scheduler] = {}
+        self._gpu_time: dict[tuple[str, str], _GPUTime] = {}
 
     def close(self) -> None:
         for _, ledger in self._ledgers.values():
@@ -249,6 +335,18 @@ class NodeReader:
             self._ledgers.pop(gone)[1].close()
         return found
 
+    def _node_mode(self, containers: list[tuple[ContainerRecord, Path]]) -> str:
+        if self.mode is not None:
+            return self.mode
+        modes = Counter(record.mode for record, _ in containers)
+        if modes:
+            return sorted(modes.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
+        try:
+            has_schedulers = any(self.layout.schedulers.iterdir())
+        except OSError:
+            has_schedulers = False
+        return "vgpu" if has_schedulers else ""
+
     # -- the reading -----------------------------------------------------------
 
     def snapshot(self) -> NodeSnapshot:
@@ -259,6 +357,7 @@ class NodeReader:
 
         # Scheduler stats for every scheduler some GPU or container points at, once each.
         sched_dirs: dict[str, Path] = {g.uuid: self.layout.scheduler_dir(g.uuid) for g in infos}
+        gpu_of_dir = {directory: index_of[uuid] for uuid, directory in sched_dirs.items()}
         wanted: dict[Path, dict[str, object] | None] = {}
         for g in infos:
             wanted[sched_dirs[g.uuid]] = None
@@ -266,15 +365,18 @@ class NodeReader:
             if SCHEDULER_DIR_KEY in record.extra:
                 wanted[Path(record.extra[SCHEDULER_DIR_KEY])] = None
         for directory in wanted:
-            wanted[directory] = self._scheduler(directory).stats(self.admin_timeout_s, self.scheduler_backoff_s)
+            scheduler = self._scheduler(directory)
+            wanted[directory] = scheduler.stats(self.admin_timeout_s, self.scheduler_backoff_s)
+            if scheduler.error:
+                which = f"of GPU {gpu_of_dir[directory]} " if directory in gpu_of_dir else ""
+                errors.append(f"token scheduler {which}({directory}) {scheduler.error}")
 
         gpus: list[GPUState] = []
         for g in infos:
             directory = sched_dirs[g.uuid]
             stats = wanted[directory]
-            has_scheduler = stats is not None or _is_socket(directory / "admin.sock")
-            if has_scheduler and stats is None:
-                errors.append(f"token scheduler of GPU {g.index} ({directory}) did not answer")
+            scheduler = self._schedulers[directory]
+            has_scheduler = stats is not None or bool(scheduler.error)
             gpus.append(GPUState(
                 index=g.index, uuid=g.uuid, name=g.name, usage=self._usage(g.index),
                 scheduler_up=(stats is not None) if has_scheduler else None,
@@ -283,22 +385,30 @@ class NodeReader:
         usage_by_uuid = {g.uuid: g.usage for g in gpus}
 
         rows: list[ContainerGPU] = []
+        now = self.clock()
+        gpu_time: dict[tuple[str, str], _GPUTime] = {}
+        looked_up = False
         for record, directory in containers:
             ledger = self._ledger_usage(directory)
+            looked_up |= not record.pod and self.pod_resources is not None and bool(record.device_ids)
             ref = self._pod_ref(record)
             uuids = list(record.gpus) or sorted(ledger or {})
             for uuid in uuids:
                 sched_dir = Path(record.extra[SCHEDULER_DIR_KEY]) if SCHEDULER_DIR_KEY in record.extra \
                     else sched_dirs.get(uuid)
                 stats = wanted.get(sched_dir) if sched_dir is not None else None
-                rows.append(self._row(record, uuid, index_of.get(uuid), ref, ledger, stats,
-                                      usage_by_uuid.get(uuid), errors))
-        return NodeSnapshot(self.node, self.mode, tuple(gpus), tuple(rows), tuple(errors))
+                row = self._row(record, uuid, index_of.get(uuid), ref, ledger, stats,
+                                usage_by_uuid.get(uuid), errors)
+                rows.append(self._with_gpu_time(row, stats, _whole_cards(record), now, gpu_time))
+        self._gpu_time = gpu_time  # containers gone are forgotten
+        if looked_up and self.pod_resources is not None and self.pod_resources.last_error:
+            errors.append(self.pod_resources.last_error)
+        return NodeSnapshot(self.node, self._node_mode(containers), tuple(gpus), tuple(rows), tuple(errors))
 
     def _pod_ref(self, record: ContainerRecord) -> tuple[str, str, str]:
         if record.pod or self.pod_resources is None:
             return record.namespace, record.pod, record.container
-        ref = self.pod_resources.lookup(record.resource, record.device_ids)
+        ref = self.pod_resources.lookup(record.resource, record.device_ids, since=record.created)
         if ref is None:
             return record.namespace, record.pod, record.container
         return ref.namespace, ref.pod, ref.container
@@ -309,7 +419,7 @@ class NodeReader:
         device = (ledger or {}).get(uuid)
         tenant_stats = None
         if record.tenant and stats is not None:
-            doc = stats.get("tenants", {}).get(record.tenant)  # type: ignore[union-attr]
+            doc = stats["tenants"].get(record.tenant)  # type: ignore[attr-defined]  (checked: a dict)
             if doc is not None:
                 try:
                     tenant_stats = TenantStats(
@@ -318,9 +428,9 @@ class NodeReader:
                         wait_p99_s=float(doc.get("wait_us", {}).get("p99", 0.0)) / 1e6,
                         wait=WaitHistogram.from_stats(doc["wait_histogram"]),
                     )
-                except (KeyError, TypeError, ValueError) as exc:
-                    errors.append(f"scheduler stats of tenant {record.tenant}: {exc}")
-        exclusive = record.mode == "pgpu"
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    errors.append(f"scheduler stats of tenant {record.tenant}: {exc!r}")
+        exclusive = _whole_cards(record)
         memory_limit = record.memory_limit
         if device is not None and device.limit is not None:
             memory_limit = device.limit  # the ledger holds the live limit (it can change)
@@ -342,6 +452,47 @@ class NodeReader:
             oom_denials=device.oom_denials if device is not None else None,
             share=share, tenant_stats=tenant_stats,
         )
+
+    def _with_gpu_time(self, row: ContainerGPU, stats: dict[str, object] | None, whole_cards: bool, now: float,
+                       out: dict[tuple[str, str], _GPUTime]) -> ContainerGPU:
+        """The row with its GPU-time counter advanced to `now` (module doc); records the state in `out`."""
+        key = (row.key, row.uuid)
+        prev = self._gpu_time.get(key)
+        cur: _GPUTime | None = None
+        if row.tenant_stats is not None and stats is not None:
+            doc = stats["tenants"][row.tenant]  # type: ignore[index]  (tenant_stats came from it)
+            window = float(stats["window_s"])  # type: ignore[arg-type]
+            share = row.tenant_stats.share
+            try:
+                usage = float(doc["usage_ms"]) / 1000.0
+                total = float(doc["held_ms_total"]) / 1000.0 if "held_ms_total" in doc else None
+            except (KeyError, TypeError, ValueError):
+                usage, total = share * window, None
+            span = min(window, usage / share) if share > 0 else window  # share = usage / span
+            if span > window * (1 - 1e-6):
+                span = window  # rounding of usage / share: a full window, not a tenant a hair younger
+            if total is None:
+                total = usage  # first reading: what it held in its window
+                if prev is not None and prev.source == "tenant":
+                    total = prev.total_s + held_between(prev.usage_s, prev.span_s, usage, span, now - prev.at,
+                                                        window)
+            cur = _GPUTime(now, total, "tenant", usage_s=usage, span_s=span)
+        elif whole_cards and row.share is not None:
+            total = 0.0
+            if prev is not None and prev.source == "card":
+                total = prev.total_s + (prev.busy + row.share) / 2 * max(0.0, now - prev.at)
+            cur = _GPUTime(now, total, "card", busy=row.share)
+        if cur is None:
+            if prev is not None:  # no figure this time (scheduler or NVML silent): go on from the last one
+                out[key] = prev
+            return row
+        out[key] = cur
+        return replace(row, gpu_time_s=cur.total_s)
+
+
+def _whole_cards(record: ContainerRecord) -> bool:
+    """The container owns its GPUs: pGPU, or vGPU whole cards (a multiple of 100 cores, no token tenant)."""
+    return record.mode == "pgpu" or (record.mode == "vgpu" and record.tenant is None and record.core_request >= 100)
 
 
 def allocated(snapshot: NodeSnapshot) -> dict[str, tuple[float, int]]:

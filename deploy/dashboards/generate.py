@@ -56,7 +56,10 @@ class Dashboard:
 
 NODE_SEL = 'node="$node", gpu=~"$gpu"'
 POD_SEL = 'mode=~"$mode", namespace=~"$namespace", pod=~"$pod"'
-BY_CONTAINER = "namespace, pod, container"
+# `tenant` (the container's record key) keeps apart containers with the same names: bare-metal runs of one
+# command, containers pod-resources could not name (empty namespace and pod).
+BY_CONTAINER = "namespace, pod, container, tenant"
+WHO = "{{pod}}/{{container}} [{{tenant}}]"
 
 NODE = Dashboard(
     uid="vcuda-node", title="vcuda / Node", file="vcuda-node.json",
@@ -105,39 +108,41 @@ POD = Dashboard(
     panels=(
         Panel("GPU time share vs request and limit", "Measured share of the GPU's time over the scheduler window "
               "(pGPU: the card's utilization), with the guaranteed request and the cap.", "percentunit",
-              (Query(f"vcuda_container_gpu_time_share_ratio{{{POD_SEL}}}", "{{pod}}/{{container}} share"),
-               Query(f"vcuda_container_core_request_ratio{{{POD_SEL}}}", "{{pod}}/{{container}} request"),
-               Query(f"vcuda_container_core_limit_ratio{{{POD_SEL}}}", "{{pod}}/{{container}} limit"))),
+              (Query(f"vcuda_container_gpu_time_share_ratio{{{POD_SEL}}}", f"{WHO} share"),
+               Query(f"vcuda_container_core_request_ratio{{{POD_SEL}}}", f"{WHO} request"),
+               Query(f"vcuda_container_core_limit_ratio{{{POD_SEL}}}", f"{WHO} limit"))),
         Panel("Memory used vs limit", "Device memory the container holds (its ledger) against its limit.", "bytes",
-              (Query(f"vcuda_container_memory_used_bytes{{{POD_SEL}}}", "{{pod}}/{{container}} used"),
-               Query(f"vcuda_container_memory_limit_bytes{{{POD_SEL}}}", "{{pod}}/{{container}} limit"))),
+              (Query(f"vcuda_container_memory_used_bytes{{{POD_SEL}}}", f"{WHO} used"),
+               Query(f"vcuda_container_memory_limit_bytes{{{POD_SEL}}}", f"{WHO} limit"))),
         Panel("Memory used / limit", "How close each container is to its memory limit (the alert fires above 95 %).",
               "percentunit", (Query(f"vcuda_container_memory_used_bytes{{{POD_SEL}}} / "
-                                    f"vcuda_container_memory_limit_bytes{{{POD_SEL}}}", "{{pod}}/{{container}}"),)),
+                                    f"vcuda_container_memory_limit_bytes{{{POD_SEL}}}", WHO),)),
         Panel("Token wait p50 / p99", "Time from asking for the GPU token to getting it, median and 99th percentile.",
               "s", (Query(f"histogram_quantile(0.5, sum by ({BY_CONTAINER}, le) "
                           f"(rate(vcuda_container_token_wait_seconds_bucket{{{POD_SEL}}}[$__rate_interval])))",
-                          "{{pod}}/{{container}} p50"),
+                          f"{WHO} p50"),
                     Query(f"histogram_quantile(0.99, sum by ({BY_CONTAINER}, le) "
                           f"(rate(vcuda_container_token_wait_seconds_bucket{{{POD_SEL}}}[$__rate_interval])))",
-                          "{{pod}}/{{container}} p99"))),
+                          f"{WHO} p99"))),
         Panel("Time spent waiting for the token", "Seconds waited per second (summed over the container's "
               "processes); high with a share below request means starved.", "percentunit",
               (Query(f"sum by ({BY_CONTAINER}) "
                      f"(rate(vcuda_container_token_wait_seconds_sum{{{POD_SEL}}}[$__rate_interval]))",
-                     "{{pod}}/{{container}}"),)),
+                     WHO),)),
         Panel("Token grants and overruns", "Tokens granted per second, and grants held past their quantum.", "ops",
               (Query(f"sum by ({BY_CONTAINER}) (rate(vcuda_container_token_grants_total{{{POD_SEL}}}"
-                     "[$__rate_interval]))", "{{pod}}/{{container}} grants"),
+                     "[$__rate_interval]))", f"{WHO} grants"),
                Query(f"sum by ({BY_CONTAINER}) (rate(vcuda_container_token_overruns_total{{{POD_SEL}}}"
-                     "[$__rate_interval]))", "{{pod}}/{{container}} overruns"))),
+                     "[$__rate_interval]))", f"{WHO} overruns"))),
         Panel("OOM denials", "Allocations refused at the memory limit in each interval.", "none",
               (Query(f"sum by ({BY_CONTAINER}) (increase(vcuda_container_oom_denials_total{{{POD_SEL}}}"
-                     "[$__rate_interval]))", "{{pod}}/{{container}}"),), kind="timeseries"),
+                     "[$__rate_interval]))", WHO),), kind="timeseries"),
         Panel("GPU hours by namespace", "GPU time used in the selected range per namespace, in GPU-hours, for "
-              "charge-back (mean share × range).", "h",
-              (Query(f"sum by (namespace) (avg_over_time(vcuda_container_gpu_time_share_ratio{{{POD_SEL}}}"
-                     "[$__range])) * $__range_s / 3600", "{{namespace}}"),), kind="bargauge", instant=True),
+              "charge-back: the increase of each container's GPU-time counter (token hold time; whole cards: "
+              "NVML utilization over time), so containers that lived through part of the range count only "
+              "that part. MPS clients have no per-client GPU time and are not counted.", "h",
+              (Query(f"sum by (namespace) (increase(vcuda_container_gpu_time_seconds_total{{{POD_SEL}}}"
+                     "[$__range])) / 3600", "{{namespace}}"),), kind="bargauge", instant=True),
     ),
 )
 
@@ -145,7 +150,10 @@ DASHBOARDS = (NODE, POD)
 
 
 def _variable(v: Variable) -> dict[str, object]:
+    # allValue ".*": Grafana's own "All" is the values it found OR-ed, which leaves out series whose label is
+    # empty (bare-metal runs and unnamed containers have no namespace/pod) and values newer than the list.
     common = {"name": v.name, "label": v.label, "multi": v.multi, "includeAll": v.multi,
+              **({"allValue": ".*"} if v.multi else {}),
               "current": {"selected": True, "text": ["All"], "value": ["$__all"]} if v.multi else {},
               "hide": 0, "skipUrlSync": False}
     if v.custom:
@@ -197,7 +205,13 @@ def readme() -> str:
         "Import the JSON files into Grafana (Dashboards → New → Import) and pick a Prometheus data source that",
         "scrapes the node agents' `/metrics` (metrics: `device_plugin/METRICS.md`; alert rules:",
         "`deploy/prometheus/vcuda-alerts.yaml`). Time presets: " + ", ".join(TIME_OPTIONS) + ".",
-        "Every query below is executed against a real Prometheus server by `tests/monitoring/test_prometheus.py`.",
+        "Every query below is executed against a real Prometheus server by `tests/monitoring/test_prometheus.py`,",
+        "which checks the containers or GPUs each one returns for a known set of simulated tenants.",
+        "",
+        "Container series are told apart by `tenant` (the container's record key), not only by",
+        "namespace/pod/container: bare-metal `vcuda run`s of one command, or containers the kubelet could not",
+        "name, share those. Legends show it in brackets. Multi-value variables send `.*` for *All*, so series",
+        "with an empty namespace or pod are included.",
         "",
     ]
     for d in DASHBOARDS:

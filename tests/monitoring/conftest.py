@@ -3,14 +3,18 @@
 Four simulated GPUs (4 GiB each) in one node state directory:
 
     GPU 0 vgpu  train (team-a/train-0/main, 30 %, 1 GiB, holds 256 MiB) and
-                infer (30 → 60 %, 2 GiB, holds 512 MiB; its names come from pod-resources)
+                infer (60 %, 2 GiB, holds 512 MiB; its names come from pod-resources), both spinning
+                (a 2 s scheduler window); run-a and run-b, two `vcuda run` records of one command
+                (`python3 train.py`: no namespace/pod, GPUs from their ledgers, no core quota, no
+                scheduler tenant) holding 128 MiB each: same names, told apart by `tenant`
     GPU 1 vgpu  hog (40 %, saturating), lat (50 %, one 0.5 ms kernel per ms) and full (10 %,
                 512 MiB limit, allocates until refused: at its limit, OOM denials); its scheduler
                 has a 10 s window, so stalling it starves hog and lat for a while (alert tests)
     GPU 2 pgpu  render (whole card, unthrottled, 1 GiB; names from pod-resources)
     GPU 3 mps   two MPS clients (30 % / 1 GiB and 70 % / 2 GiB, limits from the record only)
 
-Tenants are cuprobe processes under libvcuda with each GPU's real token scheduler.
+Tenants are cuprobe processes under libvcuda with each GPU's real token scheduler. A
+container's record key (the `tenant` label) is `c-<name>`, a bare-metal run's is its name.
 """
 
 from __future__ import annotations
@@ -54,7 +58,13 @@ class Tenant:
     bursts: bool = False            # a short kernel every millisecond: waits more than it runs
     names: tuple[str, str, str] = ("", "", "")
     mode: str = "vgpu"
+    bare: bool = False              # a `vcuda run` record (py_vcuda.launch's form), not a kubelet container
     proc: subprocess.Popen[str] | None = None
+
+    @property
+    def record_key(self) -> str:
+        """ContainerRecord.key: the `tenant` label of its series."""
+        return self.key if self.bare else f"c-{self.key}"
 
 
 @dataclass
@@ -105,6 +115,8 @@ def _probe_args(t: Tenant) -> list[str]:
 SCENARIO = [
     Tenant("train", 0, 30, 30, 1 * GiB, 256 * MiB, True, names=("team-a", "train-0", "main")),
     Tenant("infer", 0, 60, 60, 2 * GiB, 512 * MiB, True),
+    Tenant("run-a", 0, 0, 100, 1 * GiB, 128 * MiB, False, names=("", "", "python3 train.py"), bare=True),
+    Tenant("run-b", 0, 0, 100, 1 * GiB, 128 * MiB, False, names=("", "", "python3 train.py"), bare=True),
     Tenant("hog", 1, 40, 40, 1 * GiB, 0, True, names=("team-s", "hog-0", "main")),
     Tenant("lat", 1, 50, 50, 1 * GiB, 0, False, bursts=True, names=("team-s", "lat-0", "main")),
     Tenant("full", 1, 10, 10, 512 * MiB, 0, False, fill=True, names=("team-m", "full-0", "main")),
@@ -151,11 +163,16 @@ def node(build_c: Callable[..., Path]) -> Iterator[Node]:
             for t in tenants.values():
                 uuid = uuids[t.gpu]
                 names = t.names if t.key not in FROM_KUBELET else ("", "", "")
-                tenant_name = t.key if t.mode == "vgpu" else None
-                record = ContainerRecord(
-                    key=f"c-{t.key}", mode=t.mode, resource=_resource(t), device_ids=_device_ids(t, uuid),
-                    gpus=(uuid,), core_request=t.request, core_limit=t.limit, memory_limit=t.memory_limit,
-                    tenant=tenant_name, namespace=names[0], pod=names[1], container=names[2])
+                if t.bare:  # as py_vcuda.launch writes it for `vcuda run --memory 1Gi -- python3 train.py`
+                    record = ContainerRecord(
+                        key=t.record_key, mode="vgpu", resource="", device_ids=(), gpus=(), core_request=0,
+                        core_limit=100, memory_limit=t.memory_limit, container=names[2])
+                else:
+                    record = ContainerRecord(
+                        key=t.record_key, mode=t.mode, resource=_resource(t), device_ids=_device_ids(t, uuid),
+                        gpus=(uuid,), core_request=t.request, core_limit=t.limit, memory_limit=t.memory_limit,
+                        tenant=t.key if t.mode == "vgpu" else None, namespace=names[0], pod=names[1],
+                        container=names[2])
                 directory = layout.write_record(record)
                 if t.key in FROM_KUBELET:
                     ns, pod, container = FROM_KUBELET[t.key]
@@ -164,7 +181,11 @@ def node(build_c: Callable[..., Path]) -> Iterator[Node]:
                     continue  # MPS clients: limits from the record, nothing running
                 ledger = None
                 endpoint = None
-                if t.mode == "vgpu":
+                if t.bare:
+                    ledger = directory / "ledger"
+                    with Ledger(ledger, create=True) as book:  # its GPU, from the start (the shim adds it later)
+                        book.set_limit(uuid, t.memory_limit)
+                elif t.mode == "vgpu":
                     ledger = directory / "ledger"
                     Ledger(ledger, create=True).close()
                     reply = admins[t.gpu].call("add", tenant=t.key, request=t.request, limit=t.limit)

@@ -31,6 +31,9 @@ def test_dashboard_model(name: str, variables: list[str]) -> None:
     assert templating["datasource"]["type"] == "datasource" and templating["datasource"]["query"] == "prometheus"
     if "mode" in templating:
         assert templating["mode"]["query"] == "vgpu,pgpu,mps" and templating["mode"]["includeAll"]
+    for var in templating.values():  # All must match every value, the empty one included (bare-metal runs)
+        if var.get("includeAll"):
+            assert var["allValue"] == ".*", var["name"]
     ids = [p["id"] for p in doc["panels"]]
     assert len(ids) == len(set(ids)) and doc["panels"]
     for panel in doc["panels"]:
@@ -57,7 +60,21 @@ def test_substitution_leaves_no_variable() -> None:
               "__rate_interval": "1m", "__range": "1h", "__range_s": "3600"}
     for e in dashboard_exprs():
         assert "$" not in substitute(e.promql, values), e.where
-    assert "3600 / 3600" in " ".join(substitute(e.promql, values) for e in dashboard_exprs())
+    assert "[1h])) / 3600" in " ".join(substitute(e.promql, values) for e in dashboard_exprs())
+
+
+def test_container_aggregations_and_joins_keep_the_tenant() -> None:
+    """Containers with the same names (bare-metal runs of one command) are told apart by `tenant`: every
+    per-container aggregation and join must keep it, or two containers fold into one series."""
+    import re
+
+    clauses = [(e.where, m) for e in dashboard_exprs() for m in re.findall(r"\b(?:by|on) \(([^)]*)\)", e.promql)]
+    clauses += [(name, m) for name, expr in alert_exprs().items()
+                for m in re.findall(r"\b(?:by|on) \(([^)]*)\)", expr)]
+    per_container = [(where, c) for where, c in clauses if "container" in c or "uuid" in c]
+    assert per_container
+    for where, clause in per_container:
+        assert "tenant" in [label.strip() for label in clause.split(",")], (where, clause)
 
 
 def test_rules_file_passes_promtool() -> None:

@@ -3,6 +3,8 @@ the ledgers and the schedulers recorded for the tenants of conftest's scenario."
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,16 +21,23 @@ from device_plugin import metrics_text
 from device_plugin.metrics import snapshot_metrics, start_exporter
 from device_plugin.metrics_snapshot import NodeReader, NodeSnapshot
 from py_vcuda.ledger import Ledger
+from token_scheduler.admin_client import AdminClient
 
 SHARE_TOLERANCE = 0.08      # absolute, of the GPU's time: sampling edges of a 2 s window
+# GPU-time counter against the simulator's busy time over an interval, as a fraction of the interval: the
+# vGPU estimate lags the sliding window (2 s on GPU 0) by a part of it, the pGPU one samples NVML's utilization.
+GPU_TIME_TOLERANCE = 0.1
 Samples = dict[str, list[Sample]]
 
 
-def scrape(port: int) -> Samples:
+def scrape_text(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
-        text = resp.read().decode()
+        return resp.read().decode()
+
+
+def scrape(port: int) -> Samples:
     out: Samples = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(scrape_text(port)):
         for sample in family.samples:
             out.setdefault(sample.name, []).append(sample)
     return out
@@ -56,7 +65,8 @@ def exporter(node: Node) -> Iterator[int]:
 
 def labels_of(node: Node, key: str) -> dict[str, str]:
     ns, pod, container = node.expected_names[key]
-    return {"node": NODE, "namespace": ns, "pod": pod, "container": container}
+    return {"node": NODE, "namespace": ns, "pod": pod, "container": container,
+            "tenant": node.tenants[key].record_key}
 
 
 def test_every_container_appears_with_its_labels_and_quotas(node: Node, exporter: int) -> None:
@@ -70,6 +80,12 @@ def test_every_container_appears_with_its_labels_and_quotas(node: Node, exporter
     # names resolved through pod-resources for records that lacked them
     assert find(s, "vcuda_container_core_request_ratio", namespace="team-b", pod="infer-0", container="server")
     assert find(s, "vcuda_container_core_request_ratio", namespace="team-c", pod="render-0", mode="pgpu")
+    # two bare-metal runs of one command: the same names, two series told apart by `tenant`
+    runs = find(s, "vcuda_container_memory_limit_bytes", namespace="", pod="", container="python3 train.py")
+    assert sorted(smp.labels["tenant"] for smp in runs) == ["run-a", "run-b"]
+    for name, samples in s.items():
+        series = [tuple(sorted(smp.labels.items())) for smp in samples]
+        assert len(series) == len(set(series)), f"{name}: two samples with one label set"
 
 
 def test_gpu_metrics_match_nvml_and_allocations(node: Node, exporter: int) -> None:
@@ -104,7 +120,7 @@ def test_memory_matches_ledgers_and_simulator(node: Node, exporter: int) -> None
     with node.reader() as sim:
         for t in held:
             used = one(s, "vcuda_container_memory_used_bytes", **labels_of(node, t.key))
-            with Ledger(node.layout.container_dir(f"c-{t.key}") / "ledger") as ledger:
+            with Ledger(node.layout.container_dir(t.record_key) / "ledger") as ledger:
                 (device,) = ledger.devices()
             assert used == device.used
             # the simulator's own count for the process: the allocation plus its context
@@ -157,6 +173,134 @@ def test_token_wait_histogram_is_cumulative_and_matches_the_scheduler(node: Node
     assert one(s, "vcuda_container_token_wait_seconds_sum", **labels) > 0
     grants = one(s, "vcuda_container_token_grants_total", **labels)
     assert grants >= count  # every wait ended in a grant
+
+
+def _scheduler_tenants(node: Node, gpu: int) -> dict[str, dict]:
+    admin = AdminClient(node.layout.scheduler_dir(node.uuids[gpu]) / "admin.sock")
+    try:
+        reply = admin.call("stats", timeout_s=10)
+    finally:
+        admin.close()
+    assert reply.get("ok"), reply
+    return reply["tenants"]  # type: ignore[return-value]
+
+
+def _cumulative(histogram: dict) -> dict[float, int]:
+    running, out = 0, {}
+    for bound, count in zip([*histogram["le_s"], float("inf")], histogram["counts"], strict=True):
+        running += count
+        out[float(bound)] = running
+    return out
+
+
+def test_token_counters_and_waits_match_the_schedulers_stats(node: Node, exporter: int) -> None:
+    """Grants, overruns and the wait histogram (every bucket, count and sum) against the schedulers' own
+    `stats`, read just before and just after the scrape: the exported value lies between the two (exact,
+    up to the text format's float repr); counters only grow, so the bracket is the tolerance."""
+    tenants = [t for t in node.tenants.values() if t.mode == "vgpu" and not t.bare]
+    wait_for(lambda: one(scrape(exporter), "vcuda_container_token_grants_total", **labels_of(node, "train")) > 0,
+             60, "train's grants")
+    before = {gpu: _scheduler_tenants(node, gpu) for gpu in (0, 1)}
+    s = scrape(exporter)
+    after = {gpu: _scheduler_tenants(node, gpu) for gpu in (0, 1)}
+    eps = 1e-9
+    for t in tenants:
+        lo, hi, labels = before[t.gpu][t.key], after[t.gpu][t.key], labels_of(node, t.key)
+        for metric, field in (("vcuda_container_token_grants_total", "grants"),
+                              ("vcuda_container_token_overruns_total", "overruns")):
+            assert lo[field] <= one(s, metric, **labels) <= hi[field], (t.key, metric, lo[field], hi[field])
+        lo_cum, hi_cum = _cumulative(lo["wait_histogram"]), _cumulative(hi["wait_histogram"])
+        buckets = find(s, "vcuda_container_token_wait_seconds_bucket", **labels)
+        assert len(buckets) == 11
+        for b in buckets:
+            bound = float(b.labels["le"])
+            assert lo_cum[bound] <= b.value <= hi_cum[bound], (t.key, bound, b.value, lo_cum[bound], hi_cum[bound])
+        count = one(s, "vcuda_container_token_wait_seconds_count", **labels)
+        assert lo_cum[float("inf")] <= count <= hi_cum[float("inf")], t.key
+        total = one(s, "vcuda_container_token_wait_seconds_sum", **labels)
+        assert lo["wait_histogram"]["sum_s"] - eps <= total <= hi["wait_histogram"]["sum_s"] + eps, t.key
+        assert lo["grants"] <= hi["grants"]
+    assert one(s, "vcuda_container_token_grants_total", **labels_of(node, "train")) > 0
+
+
+def _ledger_devices(node: Node) -> dict[str, object]:
+    out = {}
+    for t in node.tenants.values():
+        path = node.layout.container_dir(t.record_key) / "ledger"
+        if path.exists():
+            with Ledger(path) as ledger:
+                (out[t.key],) = ledger.devices()
+    return out
+
+
+def test_oom_denials_match_the_ledgers(node: Node, exporter: int) -> None:
+    """OOM denials of every container with a ledger, between the ledger's count before and after the scrape
+    (exact: the counter only grows); `full` has run into its limit."""
+    wait_for(lambda: one(scrape(exporter), "vcuda_container_oom_denials_total", **labels_of(node, "full")) >= 1,
+             60, "full's OOM")
+    before = _ledger_devices(node)
+    s = scrape(exporter)
+    after = _ledger_devices(node)
+    assert set(before) == {t.key for t in node.tenants.values() if t.mode == "vgpu"}
+    for key in before:
+        exported = one(s, "vcuda_container_oom_denials_total", **labels_of(node, key))
+        assert before[key].oom_denials <= exported <= after[key].oom_denials, key  # type: ignore[attr-defined]
+    assert one(s, "vcuda_container_oom_denials_total", **labels_of(node, "train")) == 0
+
+
+def test_gpu_memory_used_matches_the_simulator(node: Node, exporter: int) -> None:
+    """NVML's memory used per GPU (the simulator's NVML) against the simulator's own count, read before and
+    after the scrape: the exported value is one of the two or between them (exact)."""
+    with node.reader() as sim:
+        before = {d.index: d.used for d in sim.devices()}
+    s = scrape(exporter)
+    with node.reader() as sim:
+        after = {d.index: d.used for d in sim.devices()}
+    for gpu in before:
+        exported = one(s, "vcuda_gpu_memory_used_bytes", gpu=str(gpu))
+        assert min(before[gpu], after[gpu]) <= exported <= max(before[gpu], after[gpu]), (gpu, exported)
+    # the tenants' own allocations are in it: GPU 0 holds train, infer and the two runs, each with a context
+    assert before[0] >= (256 + 512 + 2 * 128) * MiB
+
+
+def test_gpu_time_counter_matches_the_simulator(node: Node, exporter: int) -> None:
+    """The GPU-time counter's increase over ~4 s against the simulator's busy time of the tenant's process:
+    train and infer (token hold time, GPU 0's 2 s window, read every second) and render (a whole pGPU card,
+    NVML utilization), within GPU_TIME_TOLERANCE of the interval."""
+    keys = ["train", "infer", "render"]
+    wait_for(lambda: all(find(scrape(exporter), "vcuda_container_gpu_time_seconds_total", **labels_of(node, k))
+                         for k in keys), 60, "GPU-time counters")
+    assert not find(scrape(exporter), "vcuda_container_gpu_time_seconds_total", mode="mps")
+    time.sleep(2.0)  # steady state over a whole window
+
+    def busy() -> dict[int, int]:
+        return {**_busy(node, 0), **_busy(node, 2)}
+
+    s0, b0, t0 = scrape(exporter), busy(), time.monotonic()
+    for _ in range(4):
+        time.sleep(1.0)  # at least one reading per scheduler window
+        scrape(exporter)
+    s1, b1, t1 = scrape(exporter), busy(), time.monotonic()
+    for key in keys:
+        pid = node.tenants[key].proc.pid  # type: ignore[union-attr]
+        measured = (b1[pid] - b0[pid]) / 1e9
+        labels = labels_of(node, key)
+        exported = (one(s1, "vcuda_container_gpu_time_seconds_total", **labels)
+                    - one(s0, "vcuda_container_gpu_time_seconds_total", **labels))
+        assert abs(exported - measured) <= GPU_TIME_TOLERANCE * (t1 - t0), (key, exported, measured, t1 - t0)
+
+
+def test_a_live_scrape_passes_promtool_check_metrics(node: Node, exporter: int) -> None:
+    """Prometheus' own linter on a real scrape: names, suffixes (_total, units), HELP, TYPE."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool missing (Debian package prometheus; .ci/run installs it)")
+    wait_for(lambda: find(scrape(exporter), "vcuda_container_gpu_time_seconds_total"), 60, "every family")
+    text = scrape_text(exporter)
+    families = {f.name for f in text_string_to_metric_families(text)}
+    assert {"vcuda_container_token_wait_seconds", "vcuda_container_oom_denials", "vcuda_gpu_info"} <= families
+    proc = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout + proc.stderr
 
 
 def test_a_hung_scheduler_does_not_hang_the_scrape(node: Node, exporter: int) -> None:

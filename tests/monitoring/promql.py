@@ -24,6 +24,9 @@ ALERTS = REPO / "deploy" / "prometheus" / "vcuda-alerts.yaml"
 class Expr:
     where: str      # dashboard/panel or rule name, for messages
     promql: str     # as written, with Grafana variables
+    dashboard: str = ""   # file name
+    panel: str = ""       # panel title, or "variable <name>"
+    legend: str = ""      # the target's legendFormat ("" for variables)
 
 
 def dashboard_files() -> list[Path]:
@@ -36,11 +39,22 @@ def dashboard_exprs() -> list[Expr]:
         doc = json.loads(path.read_text())
         for panel in doc["panels"]:
             for target in panel["targets"]:
-                out.append(Expr(f"{path.name}: {panel['title']} ({target['refId']})", target["expr"]))
+                out.append(Expr(f"{path.name}: {panel['title']} ({target['refId']}, {target['legendFormat']})",
+                                target["expr"], path.name, panel["title"], target["legendFormat"]))
         for var in doc["templating"]["list"]:
             if var["type"] == "query":
-                out.append(Expr(f"{path.name}: variable {var['name']}", var["definition"]))
+                out.append(Expr(f"{path.name}: variable {var['name']}", var["definition"], path.name,
+                                f"variable {var['name']}"))
     return out
+
+
+def dashboard_expr(dashboard: str, panel: str, legend: str = "") -> Expr:
+    """The one expression of `panel` in `dashboard` whose legend ends with `legend` (a variable: panel
+    "variable <name>")."""
+    hits = [e for e in dashboard_exprs()
+            if e.dashboard == dashboard and e.panel == panel and e.legend.endswith(legend)]
+    assert len(hits) == 1, f"{dashboard}: {len(hits)} expressions in {panel!r} with a legend ending {legend!r}"
+    return hits[0]
 
 
 def alert_exprs() -> dict[str, str]:

@@ -187,6 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="refresh period (default 1 s)")
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.add_argument("--simulate", action="store_true", help="read the GPU simulator instead of NVML")
+    p.add_argument("--pod-resources-socket", type=Path, metavar="SOCK",
+                   help="kubelet pod-resources socket, for pod names the records lack (default on a node: "
+                        "/var/lib/kubelet/pod-resources/kubelet.sock if it exists)")
+    p.add_argument("--mode", choices=("vgpu", "pgpu", "mps"),
+                   help="sharing mode shown for GPUs without tenants (default: the records' most common mode)")
     p.set_defaults(func=cmd_top)
     return parser
 

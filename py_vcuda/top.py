@@ -2,9 +2,11 @@
 refreshing in place.
 
 It reads what the exporter reads (device_plugin.metrics_snapshot): on a node the
-agent's state directory; on bare metal the `vcuda run` records under the
-per-user runtime directory. `render` is pure, so a fixed snapshot renders to a
-fixed text.
+agent's state directory, with names a record lacks from the kubelet's
+pod-resources API; on bare metal the `vcuda run` records under the per-user
+runtime directory. A GPU's mode is its containers'; for a GPU without any,
+`--mode`, else the most common mode of the records. `render` is pure, so a
+fixed snapshot renders to a fixed text.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from rich.text import Text
 
 from device_plugin.layout import DEFAULT_STATE_DIR, NodeLayout
 from device_plugin.metrics_snapshot import ContainerGPU, GPUState, NodeReader, NodeSnapshot, gpu_modes
+from device_plugin.podresources import DEFAULT_SOCKET, PodResourcesClient
 from py_vcuda.launch import runtime_dir
 from py_vcuda.nvml import NVML, NVMLUnavailable
 
@@ -61,7 +64,7 @@ def _wait(row: ContainerGPU) -> str:
 
 
 def _gpu_title(g: GPUState, mode: str) -> str:
-    parts = [f"GPU {g.index}  {g.name}  [{mode}]"]
+    parts = [f"GPU {g.index}  {g.name}  [{mode or '?'}]"]
     if g.usage is not None:
         if g.usage.utilization is not None:
             parts.append(f"util {g.usage.utilization:.0f}%")
@@ -113,6 +116,14 @@ def _state_dir(args: argparse.Namespace) -> Path | None:
     return DEFAULT_STATE_DIR if DEFAULT_STATE_DIR.is_dir() else None
 
 
+def _pod_resources(args: argparse.Namespace, node_dir: Path | None) -> PodResourcesClient | None:
+    """The kubelet's pod-resources client: the socket given, else on a node the default one if present."""
+    socket = args.pod_resources_socket
+    if socket is None and node_dir is not None and DEFAULT_SOCKET.exists():
+        socket = DEFAULT_SOCKET
+    return PodResourcesClient(socket) if socket is not None else None
+
+
 def _open_nvml(simulate: bool) -> tuple[NVML | None, str]:
     if simulate:
         from py_vcuda.sim import SimConfig
@@ -131,7 +142,10 @@ def run(args: argparse.Namespace) -> int:
     layout = NodeLayout(node_dir) if node_dir is not None else bare_metal
     extra = (bare_metal,) if node_dir is not None else ()
     nvml, why = _open_nvml(args.simulate)
-    reader = NodeReader(layout, mode="vgpu", nvml=nvml, extra_layouts=extra)
+    pod_resources = _pod_resources(args, node_dir)
+    # `vcuda run` tenants are vGPU; on a node, the records say (NodeReader infers it when mode is None).
+    mode = args.mode or (None if node_dir is not None else "vgpu")
+    reader = NodeReader(layout, mode=mode, nvml=nvml, pod_resources=pod_resources, extra_layouts=extra)
     console = Console()
     if why:
         console.print(Text(why, style="yellow"))
@@ -147,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         reader.close()
+        if pod_resources is not None:
+            pod_resources.close()
         if nvml is not None:
             with contextlib.suppress(Exception):
                 nvml.close()

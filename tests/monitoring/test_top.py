@@ -1,4 +1,5 @@
-"""`vcuda top`: a fixed snapshot rendered to text, and one frame of a real bare-metal `vcuda run`."""
+"""`vcuda top`: a fixed snapshot rendered to text, one frame of a real bare-metal `vcuda run`, and one
+frame of a node agent's state directory with names from a stand-in kubelet."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from monitoring.conftest import MiB, wait_for
+from monitoring.conftest import CORE, GiB, MiB, wait_for
 from monitoring.snapshots import SNAPSHOT
 from rich.console import Console
 
+from device_plugin.layout import ContainerRecord, NodeLayout
 from device_plugin.metrics_snapshot import NodeSnapshot
+from device_plugin.testing import TestPodResources
 from py_vcuda import cli, native, top
+from py_vcuda.ledger import Ledger
+from py_vcuda.sim import SimConfig
 
 
 def render_text(snap: NodeSnapshot) -> str:
@@ -88,4 +93,62 @@ def test_once_shows_a_bare_metal_vcuda_run(build_c: Callable[..., Path], monkeyp
         if run.poll() is None:
             run.kill()
             run.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_once_on_a_node_names_pods_through_pod_resources(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`vcuda top --state-dir` (a node agent's state directory): names a record lacks come from the kubelet's
+    pod-resources socket; a GPU without tenants shows `--mode`, else the records' most common mode."""
+    root = Path(tempfile.mkdtemp(prefix="vc", dir="/tmp"))
+    uuids = [f"GPU-7e57{i:04d}-0000-4000-8000-00000000000{i}" for i in range(3)]
+    sim = SimConfig(state_path=root / "sim.state", devices=3, memory=16 * GiB, uuids=uuids)
+    for key, value in sim.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(root / "user"))  # no `vcuda run` records of this user
+    monkeypatch.setenv("COLUMNS", "200")
+    layout = NodeLayout(root / "state")
+    web = ContainerRecord(key="c-web", mode="vgpu", resource=CORE, device_ids=tuple(f"{uuids[0]}::{i}" for i in
+                          range(30)), gpus=(uuids[0],), core_request=30, core_limit=50, memory_limit=GiB,
+                          tenant="c-web")
+    orphan = ContainerRecord(key="c-orphan", mode="vgpu", resource=CORE, device_ids=(f"{uuids[0]}::40",),
+                             gpus=(uuids[0],), core_request=1, core_limit=1, memory_limit=None, tenant="c-orphan")
+    mps = ContainerRecord(key="c-mps", mode="mps", resource="nvidia.com/mps-core", device_ids=(f"{uuids[1]}::0",),
+                          gpus=(uuids[1],), core_request=20, core_limit=20, memory_limit=2 * GiB,
+                          namespace="team-d", pod="mps-0", container="a")
+    for record in (web, orphan, mps):
+        directory = layout.write_record(record)
+        if record.mode == "vgpu":
+            with Ledger(directory / "ledger", create=True) as ledger:
+                ledger.set_limit(uuids[0], record.memory_limit)
+    kubelet = TestPodResources(root / "kubelet.sock")
+    kubelet.owners = {("team-w", "web-0", "server"): {CORE: list(web.device_ids)}}
+    kubelet.start()
+
+    def frame(*extra: str) -> dict[str, str]:
+        assert cli.main(["top", "--once", "--simulate", "--state-dir", str(root / "state"), *extra]) == 0
+        out = capsys.readouterr().out
+        lines = out.splitlines()
+        return {"all": out, **{f"gpu{i}": next(line for line in lines if line.startswith(f"GPU {i} "))
+                               for i in range(3)},
+                "web": next((line for line in lines if "web-0" in line), ""),
+                "orphan": next(line for line in lines if "c-orphan" in line)}
+
+    try:
+        f = frame("--pod-resources-socket", str(root / "kubelet.sock"))
+        assert "team-w/web-0/server" in f["web"], f["all"]
+        for cell in ("vgpu", "30%", "50%", "0 B / 1.0 GiB"):
+            assert cell in f["web"], (cell, f["web"])
+        assert "[vgpu]" in f["gpu0"] and "[mps]" in f["gpu1"]
+        assert "[vgpu]" in f["gpu2"]  # no tenants: the records' most common mode
+        assert "team-d/mps-0/a" in f["all"]
+        assert "!" not in f["all"]
+        f = frame("--pod-resources-socket", str(root / "kubelet.sock"), "--mode", "pgpu")
+        assert "[pgpu]" in f["gpu2"] and "[vgpu]" in f["gpu0"] and "[mps]" in f["gpu1"]
+        # no kubelet: the records' own names, and the reason on the frame
+        f = frame("--pod-resources-socket", str(root / "absent.sock"))
+        assert f["web"] == "" and "c-web" in f["all"]
+        assert "! no kubelet pod-resources socket at" in f["all"]
+    finally:
+        kubelet.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -13,14 +13,15 @@ Inside the container (**contract** with libvcuda's env):
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
-from device_plugin.layout import LEDGER_FILE, ContainerRecord, NodeLayout
+from device_plugin.layout import LEDGER_FILE, RECORD_FILE, ContainerRecord, LayoutError, NodeLayout
 from py_vcuda.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -48,23 +49,62 @@ class ContainerStore:
     def __init__(self, layout: NodeLayout) -> None:
         self.layout = layout
         self.lock = threading.RLock()   # Allocate (gRPC threads) and the reconciler share it
+        # key -> (identity of its container.json, parsed record). Allocate reads every record
+        # (who is served already); parsing hundreds of files per call would cost more than the
+        # call's own work, a stat each does not. Records are replaced by rename: a new inode.
+        self._parsed: dict[str, tuple[tuple[int, int, int], ContainerRecord]] = {}
+        self._cache_lock = threading.Lock()
 
     def records(self) -> Iterator[ContainerRecord]:
-        for record, directory, error in self.layout.records():
-            if record is None:
-                log.warning("ignoring %s: %s", directory, error)
-            else:
+        """Every container's record, in key order (layout.records(), parsed once per version)."""
+        try:
+            entries = sorted((e for e in os.scandir(self.layout.containers) if e.is_dir()), key=lambda e: e.name)
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            record = self._record(entry.name, entry.path)
+            if record is not None:
                 yield record
+        with self._cache_lock:
+            for gone in set(self._parsed) - {e.name for e in entries}:
+                del self._parsed[gone]
 
-    def allocated(self) -> set[tuple[str, str]]:
-        return {(r.pod_uid, r.container) for r in self.records() if r.pod_uid}
+    def _record(self, key: str, directory: str) -> ContainerRecord | None:
+        try:
+            st = os.stat(os.path.join(directory, RECORD_FILE))
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+            with self._cache_lock:
+                cached = self._parsed.get(key)
+            if cached is not None and cached[0] == stamp:
+                return cached[1]
+            record = self.layout.read_record(key)
+        except (OSError, LayoutError) as exc:
+            log.warning("ignoring %s: %s", directory, exc)
+            return None
+        with self._cache_lock:
+            self._parsed[key] = (stamp, record)
+        return record
+
+    def allocated(self, records: Iterable[ContainerRecord] | None = None) -> set[tuple[str, str]]:
+        """(pod uid, container) of every identified container (of `records`, else of all)."""
+        return {(r.pod_uid, r.container) for r in (self.records() if records is None else records) if r.pod_uid}
+
+    def newest(self, device_ids: Sequence[str]) -> ContainerRecord | None:
+        """The latest record for exactly these device IDs (an older one is a gone container not yet cleaned up)."""
+        ids = tuple(device_ids)
+        return max((r for r in self.records() if r.device_ids == ids), key=lambda r: r.created, default=None)
 
     def create(self, record: ContainerRecord, *, ledger: bool, preload: bool) -> Path:
         directory = self.layout.write_record(record)
         if ledger:
-            with Ledger(directory / LEDGER_FILE, create=True) as book:
+            path = directory / LEDGER_FILE
+            with Ledger(path, create=True) as book:
                 for uuid in record.gpus:
                     book.set_limit(uuid, record.memory_limit)
+            # Every process of the container maps the ledger read-write, whatever uid it runs as; our
+            # umask cut libvcuda's 0666 at creation. The mount is the access control, as for the
+            # tenant socket: only this container sees the file.
+            os.chmod(path, 0o666)
         if preload:
             (directory / PRELOAD_FILE).write_text(f"{CONTAINER_LIB}\n")
         return directory

@@ -51,6 +51,10 @@ class ResourcePlugin(Protocol):
     def devices(self) -> list[pb.Device]: ...
     def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]: ...
     def allocate(self, device_ids: Sequence[str]) -> pb.ContainerAllocateResponse: ...
+    def release(self, device_ids: Sequence[str]) -> None:
+        """Undo `allocate(device_ids)`: a later container of the same request failed, so kubelet
+        discards the whole answer and nothing of this one may stay behind."""
+        ...
 
 
 class DeviceBoard:
@@ -115,16 +119,31 @@ class Servicer(pb_grpc.DevicePluginServicer):
 
     def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
         out = pb.AllocateResponse()
+        done: list[list[str]] = []
         for req in request.container_requests:
+            ids = list(req.devices_ids)
             try:
-                out.container_responses.append(self.plugin.allocate(list(req.devices_ids)))
+                out.container_responses.append(self.plugin.allocate(ids))
+                done.append(ids)
+                continue
             except AllocationError as exc:
                 log.warning("Allocate %s refused: %s", self.plugin.resource, exc)
-                context.abort(exc.code, f"{self.plugin.resource}: {exc}")
+                code, message = exc.code, f"{self.plugin.resource}: {exc}"
             except Exception as exc:  # the message reaches the pod's events; the trace our log
                 log.exception("Allocate %s failed", self.plugin.resource)
-                context.abort(grpc.StatusCode.INTERNAL, f"{self.plugin.resource}: internal error: {exc}")
+                code, message = grpc.StatusCode.INTERNAL, f"{self.plugin.resource}: internal error: {exc}"
+            self._roll_back(done)
+            context.abort(code, message)
         return out
+
+    def _roll_back(self, done: list[list[str]]) -> None:
+        """kubelet gets an error for the whole request: the containers served before the failing one
+        will never start, so their directories and scheduler tenants go now."""
+        for ids in reversed(done):
+            try:
+                self.plugin.release(ids)
+            except Exception:   # keep rolling back the others; the reconciler cleans up what is left
+                log.exception("rolling back %s allocation of %d device(s)", self.plugin.resource, len(ids))
 
     def PreStartContainer(self, request: pb.PreStartContainerRequest,
                           context: grpc.ServicerContext) -> pb.PreStartContainerResponse:

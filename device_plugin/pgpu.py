@@ -2,52 +2,23 @@
 
 Device IDs are the GPU UUIDs, with the NUMA node in TopologyInfo. For several
 GPUs, GetPreferredAllocation picks the set with the most NVLink-connected
-pairs, then the most GPUs on one NUMA node (topology from NVML).
+pairs, then the most GPUs on one NUMA node (topology from NVML; the choice
+itself is device_plugin.inventory.best_set, shared with vgpu whole cards).
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Sequence
 
 from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
 from device_plugin.containers import new_key
-from device_plugin.inventory import Inventory, NodeResource
+from device_plugin.inventory import NodeResource, best_set
 from device_plugin.kubelet import AllocationError
 from device_plugin.layout import ContainerRecord
 from py_vcuda.nvml import GPUInfo
 
 RESOURCE = "nvidia.com/gpu"
-MAX_EXHAUSTIVE = 5000   # candidate sets scored exactly; beyond, grow greedily
-
-
-def set_score(gpus: Sequence[GPUInfo], inventory: Inventory) -> tuple[int, int]:
-    """(NVLink-connected pairs, GPUs sharing the most common NUMA node): higher is better."""
-    links = sum(1 for a, b in itertools.combinations(gpus, 2) if b.index in inventory.nvlink.get(a.index, ()))
-    numa = [g.numa_node for g in gpus if g.numa_node is not None]
-    same = max((numa.count(n) for n in set(numa)), default=0)
-    return links, same
-
-
-def best_set(available: Sequence[GPUInfo], forced: Sequence[GPUInfo], size: int,
-             inventory: Inventory) -> list[GPUInfo]:
-    rest = [g for g in available if g not in forced]
-    need = size - len(forced)
-    if need < 0 or need > len(rest):
-        raise AllocationError(f"cannot choose {size} GPUs from {len(available)} available "
-                              f"with {len(forced)} required")
-    combos = itertools.combinations(rest, need)
-    if sum(1 for _ in itertools.islice(itertools.combinations(rest, need), MAX_EXHAUSTIVE + 1)) <= MAX_EXHAUSTIVE:
-        # Ties go to the lowest indexes: a stable answer for the same input.
-        best = max(combos, key=lambda c: (set_score([*forced, *c], inventory), [-g.index for g in c]))
-        return [*forced, *best]
-    chosen = list(forced)
-    while len(chosen) < size:
-        pick = max((g for g in rest if g not in chosen),
-                   key=lambda g: (set_score([*chosen, g], inventory), -g.index))
-        chosen.append(pick)
-    return chosen
 
 
 class GPUPlugin(NodeResource):
@@ -59,6 +30,9 @@ class GPUPlugin(NodeResource):
                 for g in self.inventory.gpus]
 
     def _gpus(self, ids: Sequence[str]) -> list[GPUInfo]:
+        if len(set(ids)) != len(ids):
+            raise AllocationError(f"device IDs {sorted({d for d in ids if ids.count(d) > 1})} appear more than "
+                                  "once in one request")
         out = []
         for did in ids:
             gpu = self.inventory.by_uuid(did)

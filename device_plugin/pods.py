@@ -14,6 +14,11 @@ wrong would give one pod another's quota. On a node with one GPU there is
 nothing to get wrong about the GPU, so an unidentified container is served
 anonymously (the exporter later learns its pod from pod-resources).
 
+Init containers asking for the resource are candidates too, in kubelet's
+order (`waiting`): a pod's init containers are allocated before its app
+containers. The extender places app containers only, so an init container of
+a placed pod is accepted on any of its pod's GPUs.
+
 Pods come from a `PodSource`; the real one asks the API server through the
 ``kubernetes`` client, tests pass a list.
 """
@@ -77,7 +82,8 @@ class PodMatch:
     env: dict[str, str]                        # the container's literal env (valueFrom not resolved)
     shares: tuple[assignment.GPUShare, ...]    # from the extender; empty without it
     spec: dict[str, Any]                       # the container's spec
-    provisional: bool = False                  # one of several interchangeable containers (see identify)
+    provisional: bool = False                  # chosen among several waiting containers (see identify)
+    init: bool = False                         # an init container (runs before the pod's app containers)
 
 
 def meta(pod: Pod) -> dict[str, Any]:
@@ -98,11 +104,12 @@ def requested(container: dict[str, Any], resource: str) -> int:
         return 0
 
 
-def _match(pod: Pod, container: dict[str, Any], shares: tuple[assignment.GPUShare, ...]) -> PodMatch:
+def _match(pod: Pod, container: dict[str, Any], shares: tuple[assignment.GPUShare, ...],
+           init: bool = False) -> PodMatch:
     m = meta(pod)
     env = {e["name"]: str(e.get("value", "")) for e in container.get("env", []) if "name" in e}
     return PodMatch(m.get("namespace", ""), m.get("name", ""), m.get("uid", ""), container["name"],
-                    dict(m.get("annotations") or {}), env, shares, container)
+                    dict(m.get("annotations") or {}), env, shares, container, init=init)
 
 
 def _quota_inputs(m: PodMatch, names: Names, resource: str) -> tuple[object, ...]:
@@ -117,26 +124,95 @@ def _live(pod: Pod) -> bool:
         not meta(pod).get("deletionTimestamp")
 
 
+def _age(pod: Pod) -> tuple[str, str, str]:
+    m = meta(pod)
+    return m.get("creationTimestamp", ""), m.get("namespace", ""), m.get("name", "")
+
+
+def containers_of(pod: Pod) -> list[tuple[dict[str, Any], bool]]:
+    """(container, is init container) in the order kubelet allocates them: init containers first."""
+    spec = pod.get("spec", {})
+    return [(c, True) for c in spec.get("initContainers") or []] + [(c, False) for c in spec.get("containers") or []]
+
+
+def container_spec(pod: Pod, name: str) -> dict[str, Any]:
+    return next((c for c, _ in containers_of(pod) if c.get("name") == name), {})
+
+
+@dataclass(frozen=True)
+class Waiting:
+    pod: Pod
+    container: dict[str, Any]
+    init: bool
+
+
+def waiting(pods: Sequence[Pod], resource: str, allocated: Collection[tuple[str, str]]) -> list[Waiting]:
+    """The container of each live pod that kubelet allocates `resource` for next, oldest pod first.
+
+    kubelet admits a pod by allocating its containers one at a time, init
+    containers first, each in spec order: so in a pod only the first container
+    that asks for the resource and is not allocated yet can be the one an
+    Allocate is for.
+    """
+    out = []
+    for pod in sorted((p for p in pods if _live(p)), key=_age):
+        uid = meta(pod).get("uid", "")
+        for c, init in containers_of(pod):
+            if requested(c, resource) > 0 and (uid, c.get("name")) not in allocated:
+                out.append(Waiting(pod, c, init))
+                break
+    return out
+
+
+def pod_gpus(decided: assignment.Assignment) -> tuple[str, ...]:
+    """Every GPU the extender gave a pod, in assignment order."""
+    return tuple(dict.fromkeys(g.uuid for c in decided.containers for g in c.gpus))
+
+
+def assigned_gpus(pods: Sequence[Pod], *, names: Names, resource: str, count: int,
+                  allocated: Collection[tuple[str, str]]) -> list[tuple[tuple[str, ...], bool]]:
+    """For each container that may get `count` devices now, oldest pod first, and that the extender
+    placed: (its GPUs, exact). exact: an app container gets exactly its assigned GPUs; an init
+    container (the extender places app containers only) runs on any of its pod's GPUs before them.
+    GetPreferredAllocation steers kubelet by this; `identify` then cross-checks the same way."""
+    out = []
+    for w in waiting(pods, resource, allocated):
+        if requested(w.container, resource) != count:
+            continue
+        text = (meta(w.pod).get("annotations") or {}).get(names.assignment)
+        if text is None:
+            continue
+        try:
+            decided = assignment.decode(text)
+        except assignment.AssignmentError:
+            continue
+        entry = decided.container(w.container.get("name", ""))
+        if entry is not None:
+            out.append((tuple(g.uuid for g in entry.gpus), True))
+        elif w.init and pod_gpus(decided):
+            out.append((pod_gpus(decided), False))
+    return out
+
+
 def identify(pods: Sequence[Pod], *, node: str, names: Names, resource: str, cores: dict[str, int],
              count: int, allocated: Collection[tuple[str, str]], single_gpu: bool) -> PodMatch | None:
     """The container these device IDs belong to, or None to serve it anonymously.
 
     `cores` is the share per GPU UUID the IDs stand for, `count` the number of
-    IDs, `allocated` the (pod uid, container) pairs already served.
+    IDs, `allocated` the (pod uid, container) pairs already served. A match made
+    while other containers of the same size were waiting too is provisional: the
+    reconciler confirms or corrects it from kubelet's pod-resources List (not for
+    init containers, which that List does not report).
     """
-    pods = sorted((p for p in pods if _live(p)), key=lambda p: meta(p).get("creationTimestamp", ""))
+    candidates = [w for w in waiting(pods, resource, allocated) if requested(w.container, resource) == count]
     found: list[PodMatch] = []
     problems: list[str] = []
     unassigned: list[PodMatch] = []
-    for pod in pods:
-        uid = meta(pod).get("uid", "")
-        containers = [c for c in pod.get("spec", {}).get("containers", [])
-                      if requested(c, resource) == count and (uid, c.get("name")) not in allocated]
-        if not containers:
-            continue
+    for w in candidates:
+        pod, c = w.pod, w.container
         text = (meta(pod).get("annotations") or {}).get(names.assignment)
         if text is None:
-            unassigned.extend(_match(pod, c, ()) for c in containers)
+            unassigned.append(_match(pod, c, (), w.init))
             continue
         try:
             decided = assignment.decode(text)
@@ -148,24 +224,38 @@ def identify(pods: Sequence[Pod], *, node: str, names: Names, resource: str, cor
             problems.append(f"pod {pod_name(pod)} is assigned to node {decided.node!r} by its "
                             f"{names.assignment} annotation but runs on {node!r}; re-create the pod")
             continue
-        for c in containers:
-            entry = decided.container(c["name"])
-            if entry is None:
+        entry = decided.container(c["name"])
+        if entry is None:
+            if not w.init:
                 continue
-            want = {g.uuid: g.cores for g in entry.gpus}
-            if want == cores:
-                found.append(_match(pod, c, entry.gpus))
+            # The extender places app containers only; an init container runs on its pod's GPUs before them.
+            if set(cores) <= set(pod_gpus(decided)):
+                found.append(_match(pod, c, (), init=True))
             else:
-                problems.append(f"pod {pod_name(pod)} container {c['name']} was assigned {want} by the "
-                                f"extender but kubelet allocated {cores}; check that kubelet uses the "
-                                "plugin's preferred allocation and that the extender manages this node")
+                problems.append(f"pod {pod_name(pod)} init container {c['name']} got GPUs {sorted(cores)}, none of "
+                                f"its pod's GPUs {list(pod_gpus(decided))}; check that kubelet uses the plugin's "
+                                "preferred allocation")
+            continue
+        want = {g.uuid: g.cores for g in entry.gpus}
+        if want == cores:
+            found.append(_match(pod, c, entry.gpus))
+        else:
+            problems.append(f"pod {pod_name(pod)} container {c['name']} was assigned {want} by the "
+                            f"extender but kubelet allocated {cores}; check that kubelet uses the "
+                            "plugin's preferred allocation and that the extender manages this node")
+
+    def chosen(m: PodMatch) -> PodMatch:
+        # Others of this size were waiting too: kubelet may have meant one of them (GetPreferredAllocation
+        # guessed the oldest), so the reconciler checks the identity against kubelet's own record.
+        return dataclasses.replace(m, provisional=len(candidates) > 1 and not m.init)
+
     if len(found) == 1:
-        return found[0]
+        return chosen(found[0])
     if len(found) > 1 and len({_quota_inputs(f, names, resource) for f in found}) == 1:
         # Interchangeable containers (same GPU, cores, quota annotations, memory, env switch): any
         # choice enforces the same quota, so take the oldest now and let the reconciler confirm or
         # correct the identity from kubelet's pod-resources List, which knows the devices' owner.
-        return dataclasses.replace(found[0], provisional=True)
+        return dataclasses.replace(found[0], provisional=not found[0].init)
     if len(found) > 1:
         which = ", ".join(f"{f.namespace}/{f.pod}:{f.container}" for f in found)
         raise AllocationError(f"ambiguous: containers {which} are all assigned {cores}; "
@@ -173,7 +263,7 @@ def identify(pods: Sequence[Pod], *, node: str, names: Names, resource: str, cor
     if problems:
         raise AllocationError("; ".join(problems))
     if len(unassigned) == 1:
-        return unassigned[0]
+        return chosen(unassigned[0])
     if single_gpu:
         if unassigned:
             log.info("%d containers on this node ask for %d; serving this one anonymously",

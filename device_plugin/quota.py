@@ -9,6 +9,13 @@ it is for, nor which GPU the other resource went to. Like GPU-Manager, the
 memory resource only does the node's accounting (kubelet and the scheduler
 see capacity and use); the limit is applied by the core Allocate, which knows
 the GPU and the pod.
+
+Memory is the container's, like its vcuda-memory units (and ``vcuda.io/memory``,
+which overrides them and so means the same): a request of whole cards spreads
+it evenly over them (200 cores and 64 units, 16 GiB, is 8 GiB per card), as
+the extender does when it checks that a card is big enough. The extender's own
+figure is already per GPU. ``vcuda.io/core-limit`` on whole cards is refused
+unless it is 100: they have no token scheduler to cap them.
 """
 
 from __future__ import annotations
@@ -50,12 +57,16 @@ def parse_memory(text: str) -> int:
 
 
 def quota(names: Names, annotations: dict[str, str], *, cores: int, share_memory: int | None,
-          memory_units: int) -> Quota:
-    """Quota of a container holding `cores` percent of one GPU (100: whole cards)."""
+          memory_units: int, gpus: int = 1) -> Quota:
+    """Quota of a container holding `cores` percent of one GPU (100: `gpus` whole cards)."""
     limit = cores
     key = core_limit_annotation(names)
-    if cores < CORES_PER_GPU and key in annotations:
+    if key in annotations:
         text = annotations[key].strip()
+        if cores >= CORES_PER_GPU and text != str(CORES_PER_GPU):
+            # Whole cards have no token scheduler to cap them: say so rather than ignore the cap.
+            raise QuotaError(f"annotation {key}: {annotations[key]!r} cannot apply to whole GPUs, which run "
+                             f"unthrottled; remove it, or ask for fewer than {CORES_PER_GPU} cores to share a GPU")
         if not text.isdigit() or not cores <= int(text) <= CORES_PER_GPU:
             raise QuotaError(f"annotation {key}: {annotations[key]!r} must be an integer percent between "
                              f"the request ({cores}) and {CORES_PER_GPU}")
@@ -64,12 +75,12 @@ def quota(names: Names, annotations: dict[str, str], *, cores: int, share_memory
     key = memory_annotation(names)
     if key in annotations:
         try:
-            memory = parse_memory(annotations[key])
+            memory = parse_memory(annotations[key]) // gpus
         except ValueError as exc:
             raise QuotaError(f"annotation {key}: {annotations[key]!r} is neither a number of "
                              f"{MEMORY_UNIT_BYTES >> 20} MiB units nor a quantity like 4Gi ({exc})") from None
     elif share_memory:
         memory = share_memory
     elif memory_units > 0:
-        memory = memory_units * MEMORY_UNIT_BYTES
+        memory = memory_units * MEMORY_UNIT_BYTES // gpus
     return Quota(cores, limit, memory)

@@ -148,11 +148,11 @@ class Reconciler:
 
     def apply_quota(self, record: ContainerRecord, pod: podlib.Pod) -> None:
         annotations = dict(podlib.meta(pod).get("annotations") or {})
-        spec = next((c for c in pod.get("spec", {}).get("containers", []) if c.get("name") == record.container),
-                    {})
+        spec = podlib.container_spec(pod, record.container)
         try:
             q = quota(self.names, annotations, cores=record.core_request, share_memory=self._share_memory(
-                annotations, record), memory_units=podlib.requested(spec, self.names.memory_resource))
+                annotations, record), memory_units=podlib.requested(spec, self.names.memory_resource),
+                gpus=len(record.gpus))
         except QuotaError as exc:
             if self._warned.get(record.key) != str(exc):
                 log.warning("pod %s/%s: %s; keeping the current quota", record.namespace, record.pod, exc)

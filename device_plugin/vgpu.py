@@ -4,10 +4,17 @@
 Core requests: below 100 cores is a share of one GPU (a tenant of its token
 scheduler); a multiple of 100 is that many whole cards, unthrottled; anything
 else is refused. See device_plugin.quota for how memory limits are found.
+
+GetPreferredAllocation follows the extender: the GPUs it assigned to the
+oldest container waiting for this many cores (kubelet does not say which
+container it asks for). Without an assignment, a share goes to the fullest GPU
+that holds it (best fit) and whole cards to the NVLink / NUMA-closest set
+(inventory.best_set, as in pgpu mode).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -29,13 +36,12 @@ from device_plugin.containers import (
     mount,
     new_key,
 )
-from device_plugin.inventory import Health, Inventory, logical_devices, parse_ids
+from device_plugin.inventory import Health, Inventory, best_set, logical_devices, parse_ids
 from device_plugin.kubelet import AllocationError
 from device_plugin.layout import ContainerRecord
 from device_plugin.quota import QuotaError, quota
 from device_plugin.schedulers import SchedulerError, TokenScheduler
 from py_vcuda.nvml import GPUInfo
-from scheduler_extender import assignment
 from scheduler_extender.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
 
 log = logging.getLogger(__name__)
@@ -105,13 +111,7 @@ class CorePlugin:
             return self._fractional(free, forced, size)
         if size % CORES_PER_GPU:
             shape({"": []}, size)   # raises with the message for this mistake
-        whole = [u for u, ids in free.items() if len(ids) == CORES_PER_GPU]
-        chosen = [u for u in forced if u in whole] + [u for u in whole if u not in forced]
-        chosen = chosen[: size // CORES_PER_GPU]
-        if len(chosen) < size // CORES_PER_GPU:
-            raise AllocationError(f"{size} cores need {size // CORES_PER_GPU} whole free GPUs; "
-                                  f"only {len(whole)} are free")
-        return [f"{u}::{i}" for u in chosen for i in sorted(free[u])]
+        return self._whole(free, forced, size)
 
     def _fractional(self, free: dict[str, list[int]], forced: dict[str, list[int]], size: int) -> list[str]:
         if len(forced) > 1:
@@ -121,38 +121,58 @@ class CorePlugin:
             fits = {u: ids for u, ids in fits.items() if u in forced}
         if not fits:
             raise AllocationError(f"no single GPU has {size} free cores; the request cannot be split")
-        hinted = self._assigned_gpu(size, set(fits))
+        hinted = next((u for gpus, _ in self._assigned(size) for u in gpus if u in fits), None)
         # Best fit: the fullest GPU that still holds the request keeps whole GPUs free.
         uuid = hinted or min(fits, key=lambda u: (len(fits[u]), u))
         ids = sorted(forced.get(uuid, [])) + sorted(i for i in fits[uuid] if i not in forced.get(uuid, []))
         return [f"{uuid}::{i}" for i in ids[:size]]
 
-    def _assigned_gpu(self, size: int, candidates: set[str]) -> str | None:
-        """The GPU the extender picked for a waiting container of this size, when only one fits."""
+    def _whole(self, free: dict[str, list[int]], forced: dict[str, list[int]], size: int) -> list[str]:
+        cards = size // CORES_PER_GPU
+        whole = [u for u, ids in free.items() if len(ids) == CORES_PER_GPU]
+        partial = [u for u in forced if u not in whole]
+        if partial:
+            raise AllocationError(f"must-include devices are on GPU(s) {', '.join(partial)}, which are not "
+                                  f"wholly free; {size} cores need whole GPUs")
+        if len(whole) < cards:
+            raise AllocationError(f"{size} cores need {cards} whole free GPUs; only {len(whole)} are free")
+        chosen = self._whole_hint(whole, list(forced), cards)
+        if chosen is None:   # no extender decision to follow: the NVLink / NUMA-closest set, as pgpu picks
+            inv = self.ctx.inventory
+            by_uuid = [inv.by_uuid(u) for u in whole]
+            picked = best_set([g for g in by_uuid if g is not None],
+                              [g for g in by_uuid if g is not None and g.uuid in forced], cards, inv)
+            chosen = [g.uuid for g in picked]
+        return [f"{u}::{i}" for u in chosen for i in sorted(free[u])]
+
+    def _whole_hint(self, whole: list[str], forced: list[str], cards: int) -> list[str] | None:
+        """The extender's GPUs for the oldest waiting container of this size that can have them now."""
+        inv = self.ctx.inventory
+        for gpus, exact in self._assigned(cards * CORES_PER_GPU):
+            usable = [u for u in gpus if u in whole]
+            if exact:
+                if len(gpus) == cards and len(usable) == cards and set(forced) <= set(gpus):
+                    return list(gpus)
+                continue
+            if len(usable) >= cards and set(forced) <= set(usable):   # an init container: any of its pod's GPUs
+                found = [g for g in (inv.by_uuid(u) for u in usable) if g is not None]
+                picked = best_set(found, [g for g in found if g.uuid in forced], cards, inv)
+                return [g.uuid for g in picked]
+        return None
+
+    def _assigned(self, size: int) -> list[tuple[tuple[str, ...], bool]]:
+        """The extender's GPUs for each container waiting for `size` cores, oldest pod first.
+
+        Following the oldest keeps GetPreferredAllocation and Allocate in step: kubelet admits pods
+        one at a time, and Allocate knows the container by the GPUs it gets (pods.identify).
+        """
         try:
             pods = self.ctx.pods.list_pods(self.ctx.node)
         except Exception as exc:  # a hint only: never fail the allocation over it
             log.debug("no pod list for the preferred allocation: %s", exc)
-            return None
-        done = self.ctx.store.allocated()
-        gpus: set[str] = set()
-        for pod in pods:
-            text = (podlib.meta(pod).get("annotations") or {}).get(self.ctx.names.assignment)
-            uid = podlib.meta(pod).get("uid", "")
-            if text is None:
-                continue
-            try:
-                decided = assignment.decode(text)
-            except assignment.AssignmentError:
-                continue
-            for c in pod.get("spec", {}).get("containers", []):
-                entry = decided.container(c.get("name", ""))
-                if (entry is None or (uid, c.get("name")) in done
-                        or podlib.requested(c, self.resource) != size or len(entry.gpus) != 1):
-                    continue
-                if entry.gpus[0].uuid in candidates:
-                    gpus.add(entry.gpus[0].uuid)
-        return next(iter(gpus)) if len(gpus) == 1 else None
+            return []
+        return podlib.assigned_gpus(pods, names=self.ctx.names, resource=self.resource, count=size,
+                                    allocated=self.ctx.store.allocated())
 
     # --- Allocate ---------------------------------------------------------------
     def allocate(self, device_ids: Sequence[str]) -> pb.ContainerAllocateResponse:
@@ -164,37 +184,79 @@ class CorePlugin:
         fractional = len(device_ids) < CORES_PER_GPU
         single = len(ctx.inventory.gpus) == 1
         with ctx.store.lock:
-            match = self._identify(cores, len(device_ids), single)
+            existing = list(ctx.store.records())   # read once: who is served, provisional, init tenants
+            match = self._identify(cores, len(device_ids), single, existing)
             annotations = match.annotations if match else {}
             share_memory = next((s.memory for s in match.shares), None) if match and match.shares else None
             units = podlib.requested(match.spec, ctx.names.memory_resource) if match else 0
             try:
                 q = quota(ctx.names, annotations, cores=len(device_ids) if fractional else CORES_PER_GPU,
-                          share_memory=share_memory, memory_units=units)
+                          share_memory=share_memory, memory_units=units, gpus=len(groups))
             except QuotaError as exc:
                 raise AllocationError(f"pod {match.namespace}/{match.pod}: {exc}" if match else str(exc)) from None
             disabled = bool(match and match.env.get("VCUDA_DISABLE") == "1")
             key = new_key()
+            handed = self._init_tenant(match, next(iter(groups)), existing) if fractional else None
+            extra = {"preload": "0" if disabled else "1"}
+            if self._provisional(match, existing):
+                extra["identity"] = "provisional"
+            if match and match.init:
+                extra["init"] = "1"
             record = ContainerRecord(
                 key=key, mode="vgpu", resource=self.resource, device_ids=tuple(device_ids),
                 gpus=tuple(groups), core_request=q.core_request, core_limit=q.core_limit,
-                memory_limit=q.memory_limit, tenant=key if fractional else None,
+                memory_limit=q.memory_limit, tenant=(handed.tenant if handed else key) if fractional else None,
                 namespace=match.namespace if match else "", pod=match.pod if match else "",
                 pod_uid=match.uid if match else "", container=match.container if match else "",
-                created=time.time(), extra={"preload": "0" if disabled else "1",
-                                            **({"identity": "provisional"} if self._provisional(match) else {})})
+                created=time.time(), extra=extra)
             directory = ctx.store.create(record, ledger=True, preload=not disabled)
             try:
                 tenant_dir = self._register(record)
             except Exception:
                 ctx.store.remove(key)
                 raise
+            if handed is not None:
+                # The app container now owns the tenant (and its quota); the init container, which
+                # runs before it, keeps using the same socket. Only one record may re-register it.
+                ctx.store.layout.write_record(dataclasses.replace(
+                    handed, tenant=None, extra={**handed.extra, "tenant_to": key}))
         log.info("allocated %s to %s/%s:%s (%s, cores %d/%d, memory %s)", key, record.namespace,
                  record.pod, record.container, ",".join(record.gpus), q.core_request, q.core_limit,
                  q.memory_limit)
         return self._response(record, directory, tenant_dir, disabled)
 
-    def _identify(self, cores: dict[str, int], count: int, single: bool) -> podlib.PodMatch | None:
+    def _init_tenant(self, match: podlib.PodMatch | None, uuid: str,
+                     existing: list[ContainerRecord]) -> ContainerRecord | None:
+        """The tenant of an init container of the same pod on this GPU, for an app container to take over.
+
+        kubelet hands an init container's devices on to the app containers after it (it runs first,
+        never beside them), and the extender counts the app containers only: a second tenant on the
+        same cores could push the GPU's guaranteed requests past 100 % and be refused.
+        """
+        if match is None or match.init or not match.uid:
+            return None
+        return next((r for r in existing
+                     if r.pod_uid == match.uid and r.extra.get("init") == "1" and r.tenant
+                     and r.gpus == (uuid,)), None)
+
+    def release(self, device_ids: Sequence[str]) -> None:
+        ctx = self.ctx
+        with ctx.store.lock:
+            record = ctx.store.newest(device_ids)
+            if record is None:
+                return
+            if record.tenant and not any(r.tenant == record.tenant and r.key != record.key
+                                         for r in ctx.store.records()):
+                scheduler = ctx.schedulers.get(record.gpus[0])
+                try:
+                    if scheduler is not None:
+                        scheduler.remove(record.tenant)
+                except SchedulerError as exc:
+                    log.warning("rolling back tenant %s: %s", record.tenant, exc)
+            ctx.store.remove(record.key)
+
+    def _identify(self, cores: dict[str, int], count: int, single: bool,
+                  existing: list[ContainerRecord]) -> podlib.PodMatch | None:
         ctx = self.ctx
         try:
             pods = ctx.pods.list_pods(ctx.node)
@@ -206,12 +268,16 @@ class CorePlugin:
                                   "the API server to tell containers apart on a node with several GPUs",
                                   grpc.StatusCode.UNAVAILABLE) from None
         return podlib.identify(pods, node=ctx.node, names=ctx.names, resource=self.resource, cores=cores,
-                               count=count, allocated=ctx.store.allocated(), single_gpu=single)
+                               count=count, allocated=ctx.store.allocated(existing), single_gpu=single)
 
-    def _provisional(self, match: podlib.PodMatch | None) -> bool:
-        """Provisional, or chosen by elimination next to a provisional one (which may be wrong)."""
-        return bool(match) and (match.provisional or any(   # type: ignore[union-attr]
-            r.extra.get("identity") == "provisional" for r in self.ctx.store.records()))
+    def _provisional(self, match: podlib.PodMatch | None, existing: list[ContainerRecord]) -> bool:
+        """Provisional, or chosen by elimination next to a provisional one (which may be wrong).
+
+        Never an init container: pod-resources, which confirms identities, does not list them.
+        """
+        if match is None or match.init:
+            return False
+        return match.provisional or any(r.extra.get("identity") == "provisional" for r in existing)
 
     def _register(self, record: ContainerRecord) -> Path | None:
         if record.tenant is None:
@@ -266,3 +332,6 @@ class MemoryPlugin:
     def allocate(self, device_ids: Sequence[str]) -> pb.ContainerAllocateResponse:
         parse_ids(device_ids, self.ctx.inventory, memory_units_of)
         return pb.ContainerAllocateResponse()
+
+    def release(self, device_ids: Sequence[str]) -> None:
+        pass   # allocate kept nothing

@@ -126,3 +126,23 @@ def test_annotation_change_is_applied_when_the_watch_wakes_the_reconciler(agent_
     dp.wait_for(lambda: agent.layout.read_record(rec.key).core_limit == 70, what="live update on the event")
     reply = agent.schedulers[uuid].call("list")
     assert [(t["request"], t["limit"]) for t in reply["tenants"]] == [(30, 70)]
+
+
+def test_waiting_is_kubelets_order_init_containers_first(dp):
+    """Per pod only the next container asking for the resource; init containers before app ones;
+    oldest pod first."""
+    from device_plugin.pods import waiting
+
+    core = "tencent.com/vcuda-core"
+    young = dp.pod("young", cores=10, created="2026-01-03T00:00:00Z")
+    old = dp.pod("old", cores=30, created="2026-01-01T00:00:00Z")
+    old["spec"]["initContainers"] = [{"name": "no-gpu"}, {"name": "setup", "resources": {"limits": {core: "20"}}}]
+    old["spec"]["containers"].append({"name": "side", "resources": {"limits": {core: "5"}}})
+
+    def names(allocated: set[tuple[str, str]]) -> list[tuple[str, str, bool]]:
+        return [(w.pod["metadata"]["name"], w.container["name"], w.init)
+                for w in waiting([young, old], core, allocated)]
+
+    assert names(set()) == [("old", "setup", True), ("young", "main", False)]
+    assert names({("uid-old", "setup")}) == [("old", "main", False), ("young", "main", False)]
+    assert names({("uid-old", "setup"), ("uid-old", "main")}) == [("old", "side", False), ("young", "main", False)]

@@ -135,7 +135,7 @@ def test_extender_assignment_identifies_the_pod_and_guides_preference(agent_fact
 
 @pytest.mark.parametrize("case", [
     "fractional-across-gpus", "unknown-id", "not-multiple", "malformed-annotation", "mismatch", "ambiguous",
-    "no-pod-multi-gpu", "bad-core-limit"])
+    "no-pod-multi-gpu", "bad-core-limit", "core-limit-on-whole-card", "duplicate-ids"])
 def test_bad_requests_are_refused_with_a_reason(agent_factory, kubelet, dp, case):
     a, b = dp.gpu(0).uuid, dp.gpu(1).uuid
     ann = "vcuda.io/gpu-assignment"
@@ -155,6 +155,9 @@ def test_bad_requests_are_refused_with_a_reason(agent_factory, kubelet, dp, case
                              "deploy the vcuda scheduler extender"),
         "bad-core-limit": ([dp.pod("p", cores=30, annotations={"vcuda.io/core-limit": "20"})], ids(a, 30),
                            "annotation vcuda.io/core-limit: '20' must be an integer percent"),
+        "core-limit-on-whole-card": ([dp.pod("p", cores=100, annotations={"vcuda.io/core-limit": "5O"})],
+                                     ids(a, 100), "annotation vcuda.io/core-limit: '5O' cannot apply to whole GPUs"),
+        "duplicate-ids": ([dp.pod("p", cores=3)], ids(a, 2) + ids(a, 1), "appear more than once"),
     }[case]
     agent = agent_factory("vgpu", gpus=2, pods=StaticPods(pods))
     with pytest.raises(grpc.RpcError) as e:
@@ -258,3 +261,127 @@ def test_anonymous_container_cleaned_up_when_kubelet_no_longer_lists_its_devices
         assert tenants(agent, uuid) == {}
     finally:
         podres.stop()
+
+
+def test_whole_cards_follow_the_extenders_assignment(agent_factory, kubelet, dp):
+    gpus = [dp.gpu(i).uuid for i in range(4)]
+    ann = {"vcuda.io/gpu-assignment": json.dumps({"version": 1, "node": dp.NODE, "containers": [
+        {"name": "main", "gpus": [{"uuid": gpus[2], "cores": 100, "memory": 0},
+                                  {"uuid": gpus[3], "cores": 100, "memory": 0}]}]})}
+    agent = agent_factory("vgpu", gpus=4, pods=StaticPods([dp.pod("big", cores=200, annotations=ann)]))
+    chosen = kubelet.preferred(CORE, [d.ID for d in kubelet.latest_devices(CORE)], 200)
+    assert {c.split("::")[0] for c in chosen} == {gpus[2], gpus[3]}   # not the first two free ones
+    resp = kubelet.allocate(CORE, chosen).container_responses[0]
+    assert set(resp.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == {gpus[2], gpus[3]}
+    (rec,) = records(agent)
+    assert rec.pod == "big" and rec.tenant is None
+
+
+def test_whole_cards_without_extender_take_the_nvlink_pair(agent_factory, kubelet, dp):
+    from device_plugin.inventory import Inventory
+
+    gpus = tuple(dp.gpu(i, numa=0) for i in range(4))
+    inv = Inventory(gpus, {0: frozenset(), 1: frozenset({2}), 2: frozenset({1}), 3: frozenset()})
+    agent_factory("vgpu", inv=inv, pods=StaticPods([dp.pod("big", cores=200)]))
+    chosen = kubelet.preferred(CORE, [d.ID for d in kubelet.latest_devices(CORE)], 200)
+    assert {c.split("::")[0] for c in chosen} == {gpus[1].uuid, gpus[2].uuid}
+    with pytest.raises(grpc.RpcError) as e:   # a must-include GPU that is not wholly free
+        kubelet.preferred(CORE, ids(gpus[0].uuid, 50) + ids(gpus[1].uuid, 100) + ids(gpus[2].uuid, 100), 200,
+                          must_include=ids(gpus[0].uuid, 1))
+    assert "not wholly free" in refused(e)
+
+
+def test_memory_units_are_split_over_whole_cards(agent_factory, kubelet, dp):
+    agent = agent_factory("vgpu", gpus=2, pods=StaticPods([dp.pod("big", cores=200, memory_units=64)]))
+    a, b = dp.gpu(0).uuid, dp.gpu(1).uuid
+    resp = kubelet.allocate(CORE, ids(a, 100) + ids(b, 100)).container_responses[0]
+    assert resp.envs["VCUDA_MEMORY_LIMIT"] == str(8 << 30)   # 64 units = 16 GiB for the container: 8 per card
+    (rec,) = records(agent)
+    with Ledger(agent.layout.container_dir(rec.key) / "ledger") as book:
+        assert sorted((d.uuid, d.limit) for d in book.devices()) == [(a, 8 << 30), (b, 8 << 30)]
+
+
+def test_equal_shares_on_different_gpus_cannot_swap_quotas(agent_factory, kubelet, dp, short_dir):
+    """Two waiting pods of the same size, placed on different GPUs: GetPreferredAllocation follows the
+    oldest, the match is provisional, and when kubelet says the devices are the other pod's, the record
+    and the quota in the scheduler follow kubelet."""
+    from device_plugin.testing import TestPodResources
+
+    a, b = dp.gpu(0).uuid, dp.gpu(1).uuid
+    ann = "vcuda.io/gpu-assignment"
+    pods = StaticPods([
+        dp.pod("old", cores=30, annotations={ann: dp.assignment_annotation("main", a, 30),
+                                             "vcuda.io/core-limit": "40"}),
+        dp.pod("new", cores=30, created="2026-01-02T00:00:00Z",
+               annotations={ann: dp.assignment_annotation("main", b, 30), "vcuda.io/core-limit": "70"}),
+    ])
+    podres = TestPodResources(short_dir / "pr.sock")
+    podres.start()
+    try:
+        agent = agent_factory("vgpu", gpus=2, pods=pods)
+        # b is fuller (best fit would take it), but the oldest waiting pod was placed on a
+        available = ids(a, 100) + ids(b, 60, start=40)
+        chosen = kubelet.preferred(CORE, available, 30)
+        assert {c.split("::")[0] for c in chosen} == {a}
+        kubelet.allocate(CORE, chosen)
+        (rec,) = records(agent)
+        assert (rec.pod, rec.extra.get("identity")) == ("old", "provisional")
+        assert tenants(agent, a) == {rec.tenant: (30, 40)}
+        # kubelet was in fact admitting "new" (it need not follow the preference): the record and
+        # the scheduler's quota follow kubelet's own account of who holds the devices
+        podres.owners = {("default", "new", "main"): {CORE: chosen}}
+        dp.wait_for(lambda: agent.layout.read_record(rec.key).pod == "new", what="identity correction")
+        dp.wait_for(lambda: tenants(agent, a) == {rec.tenant: (30, 70)}, what="the right pod's quota")
+        fixed = agent.layout.read_record(rec.key)
+        assert (fixed.pod_uid, fixed.core_limit) == ("uid-new", 70) and "identity" not in fixed.extra
+    finally:
+        podres.stop()
+
+
+def test_a_failed_container_rolls_back_the_earlier_ones_of_the_request(agent_factory, kubelet, dp):
+    a = dp.gpu(0).uuid
+    agent = agent_factory("vgpu", gpus=1, pods=StaticPods([dp.pod("p", cores=30)]))
+    with pytest.raises(grpc.RpcError) as e:
+        kubelet.allocate(CORE, ids(a, 30), [f"{a}::99", "GPU-nope::1"])
+    assert "unknown device ID 'GPU-nope::1'" in refused(e)
+    assert records(agent) == [] and tenants(agent, a) == {}
+    assert list(agent.layout.containers.iterdir()) == []
+
+
+def init_pod(dp, init_cores: int, main_cores: int):  # type: ignore[no-untyped-def]
+    p = dp.pod("p", cores=main_cores)
+    p["spec"]["initContainers"] = [{"name": "warmup", "resources": {"limits": {CORE: str(init_cores)}}}]
+    return p
+
+
+def test_init_container_is_allocated_first_and_hands_its_tenant_on(agent_factory, kubelet, dp):
+    """kubelet allocates init containers before app containers and hands their devices on; the
+    app container takes over the init container's tenant, so their requests are not summed."""
+    agent = agent_factory("vgpu", gpus=1, pods=StaticPods([init_pod(dp, 20, 30)]))
+    uuid = dp.gpu(0).uuid
+    first = kubelet.allocate(CORE, ids(uuid, 20)).container_responses[0]
+    (init,) = records(agent)
+    assert (init.container, init.extra.get("init"), init.core_request) == ("warmup", "1", 20)
+    assert tenants(agent, uuid) == {init.tenant: (20, 20)}
+    second = kubelet.allocate(CORE, ids(uuid, 30)).container_responses[0]   # reuses the 20, plus 10
+    main = next(r for r in records(agent) if r.container == "main")
+    assert main.tenant == init.tenant and agent.layout.read_record(init.key).tenant is None
+    assert tenants(agent, uuid) == {init.tenant: (30, 30)}
+    sched = {m.container_path: m.host_path for m in first.mounts}["/run/vcuda/sched"]
+    assert {m.container_path: m.host_path for m in second.mounts}["/run/vcuda/sched"] == sched
+
+
+def test_init_container_runs_on_its_pods_assigned_gpu(agent_factory, kubelet, dp):
+    a, b = dp.gpu(0).uuid, dp.gpu(1).uuid
+    p = init_pod(dp, 50, 30)
+    p["metadata"]["annotations"]["vcuda.io/gpu-assignment"] = dp.assignment_annotation("main", b, 30)
+    agent = agent_factory("vgpu", gpus=2, pods=StaticPods([p]))
+    available = ids(a, 60) + ids(b, 100)   # best fit alone would take a
+    chosen = kubelet.preferred(CORE, available, 50)
+    assert {c.split("::")[0] for c in chosen} == {b}
+    kubelet.allocate(CORE, chosen)
+    (rec,) = records(agent)
+    assert (rec.container, rec.gpus) == ("warmup", (b,))
+    with pytest.raises(grpc.RpcError) as e:   # the app container next, but kubelet put it elsewhere
+        kubelet.allocate(CORE, ids(a, 30))
+    assert "was assigned" in refused(e)

@@ -21,6 +21,7 @@ from device_plugin.kubelet import Endpoint, Registrar, ResourcePlugin
 from device_plugin.labels import write_feature_file
 from device_plugin.layout import NodeLayout
 from device_plugin.metrics import start_exporter
+from device_plugin.node_topology import Annotate, TopologyPublisher
 from device_plugin.podresources import PodResourcesClient
 from device_plugin.pods import PodSource
 from device_plugin.reconcile import Reconciler
@@ -44,7 +45,8 @@ def nvml_health(nvml: NVML, ignored_xids: str | None) -> HealthFactory:
     """The XID health monitor (device_plugin.health) bound to this NVML session."""
     from device_plugin import health
 
-    ignored = health.parse_xid_list(ignored_xids) if ignored_xids else health.DEFAULT_IGNORED_XIDS
+    # None (unset) keeps NVIDIA's list; "" is a list too: ignore no XID.
+    ignored = health.parse_xid_list(ignored_xids) if ignored_xids is not None else health.DEFAULT_IGNORED_XIDS
 
     def make(inventory: Inventory, on_change: Callable[[str, bool, str], None]) -> Any:
         return health.HealthMonitor(nvml, inventory.gpus, on_change, ignored_xids=ignored)
@@ -55,7 +57,7 @@ def nvml_health(nvml: NVML, ignored_xids: str | None) -> HealthFactory:
 class Agent:
     def __init__(self, config: PluginConfig, *, inventory: Inventory, pods: PodSource,
                  nvml: NVML | None = None, health_factory: HealthFactory | None = None,
-                 pod_watch: WatchFactory | None = None) -> None:
+                 pod_watch: WatchFactory | None = None, annotate_node: Annotate | None = None) -> None:
         self.config = config
         self.inventory = inventory
         self.pods = pods
@@ -77,6 +79,9 @@ class Agent:
         self.reconciler = Reconciler(self.store, self.schedulers, pods, names=self.names, node=config.node_name,
                                      in_use=in_use, grace_s=config.cleanup_grace_s, interval_s=config.resync_s)
         self.pod_watch = pod_watch(self.reconciler.wake) if pod_watch else None
+        # The extender places vgpu requests only: the other modes have nothing to tell it.
+        self.topology = TopologyPublisher(annotate_node, self.names.topology, inventory) \
+            if annotate_node is not None and config.mode == "vgpu" else None
         self._stop_exporter: Callable[[], None] | None = None
 
     def _plugins(self, children: list[Child]) -> list[ResourcePlugin]:
@@ -96,8 +101,9 @@ class Agent:
             return [vgpu.CorePlugin(ctx), vgpu.MemoryPlugin(ctx)]
         if cfg.mode == "pgpu":
             return [pgpu.GPUPlugin(self.inventory, self.health, self.store)]
-        children.extend(mps.MPSDaemon(g.uuid, self.layout, cfg.mps_control) for g in self.inventory.gpus)
-        return [mps.MPSPlugin(self.inventory, self.health, self.store)]
+        daemons = {g.uuid: mps.MPSDaemon(g.uuid, self.layout, cfg.mps_control) for g in self.inventory.gpus}
+        children.extend(daemons.values())
+        return [mps.MPSPlugin(self.inventory, self.health, self.store, daemons)]
 
     def _tenants_of(self, uuid: str) -> Callable[[], list[tuple[str, int, int]]]:
         def tenants() -> list[tuple[str, int, int]]:
@@ -113,6 +119,8 @@ class Agent:
         if self.health_monitor is not None:
             self.health_monitor.start()
         self._write_labels()
+        if self.topology is not None:
+            self.topology.start()
         self._start_exporter()
         self.reconciler.start()
         if self.pod_watch is not None:
@@ -124,6 +132,8 @@ class Agent:
         if self.pod_watch is not None:
             self.pod_watch.stop()
         self.reconciler.stop()
+        if self.topology is not None:
+            self.topology.stop()
         if self._stop_exporter is not None:
             self._stop_exporter()
         if self.health_monitor is not None:

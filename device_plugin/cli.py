@@ -10,6 +10,7 @@ import logging
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ from device_plugin import config as configlib
 
 if TYPE_CHECKING:  # the agent's modules load grpc and NVML: only `run` needs them, not `vcuda --help`
     from device_plugin.agent import WatchFactory
+    from device_plugin.node_topology import Annotate
     from device_plugin.pods import PodSource
 
 log = logging.getLogger("device_plugin")
@@ -26,8 +28,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     configlib.add_arguments(parser)
 
 
-def pod_source(kubeconfig: str | None, node: str) -> tuple[PodSource, WatchFactory | None]:
-    """The API server's pods of this node and a watch on them, or NoPods when there is no API server."""
+@dataclass
+class Cluster:
+    """What the agent gets from the API server, or stand-ins when there is none."""
+
+    pods: PodSource
+    watch: WatchFactory | None = None
+    annotate_node: Annotate | None = None
+
+
+def cluster(kubeconfig: str | None, node: str) -> Cluster:
+    """This node's pods, a watch on them and a way to annotate the Node; NoPods without an API server."""
+    from device_plugin.node_topology import KubeNode
     from device_plugin.pods import KubePods, NoPods, PodWatch
 
     try:
@@ -38,8 +50,8 @@ def pod_source(kubeconfig: str | None, node: str) -> tuple[PodSource, WatchFacto
         api = client.CoreV1Api(make_api_client(kubeconfig))
     except Exception as exc:   # the kubernetes client raises several unrelated types here
         log.warning("no API server (%s): pods are not identified; fine on single-GPU nodes only", exc)
-        return NoPods(str(exc)), None
-    return KubePods(api), lambda on_event: PodWatch(api, node, on_event)
+        return Cluster(NoPods(str(exc)))
+    return Cluster(KubePods(api), lambda on_event: PodWatch(api, node, on_event), KubeNode(api, node).annotate)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,9 +84,9 @@ def run(args: argparse.Namespace) -> int:
             health = nvml_health(nvml, cfg.ignored_xids)
         except ImportError as exc:
             log.warning("GPU health monitoring unavailable: %s", exc)
-        pods, watch = pod_source(cfg.kubeconfig, cfg.node_name)
-        agent = Agent(cfg, inventory=Inventory.from_nvml(nvml), pods=pods, nvml=nvml, health_factory=health,
-                      pod_watch=watch)
+        api = cluster(cfg.kubeconfig, cfg.node_name)
+        agent = Agent(cfg, inventory=Inventory.from_nvml(nvml), pods=api.pods, nvml=nvml, health_factory=health,
+                      pod_watch=api.watch, annotate_node=api.annotate_node)
     except (StartError, ValueError) as exc:
         print(f"vcuda device-plugin: {exc}", file=sys.stderr)
         nvml.close()

@@ -19,7 +19,7 @@ Environment variables (all optional):
 ``VCUDA_PLUGIN_RESOURCE_DOMAIN``   vgpu resource domain (tencent.com)
 ``VCUDA_PLUGIN_ANNOTATION_PREFIX`` quota annotation prefix (vcuda.io)
 ``VCUDA_PLUGIN_FEATURES_FILE``     NFD feature file ("" disables)
-``VCUDA_PLUGIN_IGNORED_XIDS``      comma list of XIDs that do not fail a GPU
+``VCUDA_PLUGIN_IGNORED_XIDS``      comma list of XIDs that do not fail a GPU ("" : none)
 ``VCUDA_PLUGIN_HOST_LIB_DIR``      host directory holding libvcuda.so
 ``VCUDA_PLUGIN_MPS_CONTROL``       nvidia-cuda-mps-control binary
 ``VCUDA_PLUGIN_KUBECONFIG``        kubeconfig ("" : in-cluster, else none)
@@ -112,7 +112,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("annotation_prefix", "vcuda.io", _domain, "prefix of the quota annotations"),
     Option("features_file", Path("/etc/kubernetes/node-feature-discovery/features.d/vcuda"), Path,
            "node-feature-discovery feature file ('' disables)"),
-    Option("ignored_xids", None, _xids, "comma list of XIDs that do not mark a GPU unhealthy"),
+    Option("ignored_xids", None, _xids, "comma list of XIDs that do not mark a GPU unhealthy ('' : none; "
+           "unset: NVIDIA's list of application XIDs)"),
     Option("host_lib_dir", Path("/usr/local/vcuda/lib"), Path,
            "host directory with libvcuda.so, mounted into vgpu containers"),
     Option("mps_control", "nvidia-cuda-mps-control", str, "MPS control daemon binary (mps mode)"),

@@ -79,6 +79,10 @@ class HealthMonitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def ignored_xids(self) -> frozenset[int]:
+        return self._ignored
+
     def healthy(self, uuid: str) -> bool:
         with self._lock:
             state = self._gpus.get(uuid)

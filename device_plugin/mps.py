@@ -6,6 +6,10 @@ supervises it through the pid file the daemon writes in its pipe directory.
 A container gets the GPU, the daemon's pipe directory, its share of SMs
 (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) and the same share of device memory
 (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT). Device IDs are ``<uuid>::<percent>``.
+
+The daemons belong to the agent: stopping it quits them (and with them the
+MPS server its clients talk to), and Allocate refuses a GPU whose daemon is
+down rather than hand out a pipe directory nobody answers on.
 """
 
 from __future__ import annotations
@@ -14,12 +18,14 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import grpc
+
 from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
-from device_plugin.containers import mount, new_key
-from device_plugin.inventory import NodeResource, logical_devices, parse_ids
+from device_plugin.containers import ContainerStore, mount, new_key
+from device_plugin.inventory import Health, Inventory, NodeResource, logical_devices, parse_ids
 from device_plugin.kubelet import AllocationError
 from device_plugin.layout import ContainerRecord, NodeLayout, gpu_key
 from py_vcuda.nvml import GPUInfo
@@ -41,6 +47,20 @@ def percent_of(_gpu: GPUInfo) -> int:
 
 def mps_dir(layout: NodeLayout, uuid: str) -> Path:
     return layout.root / "mps" / gpu_key(uuid)
+
+
+def is_program(pid: int, binary: str, proc: Path = Path("/proc")) -> bool:
+    """Whether process `pid` runs `binary`: its command name, or its first or (a script under an
+    interpreter) second argument, names the same file."""
+    name = os.path.basename(binary)
+    try:
+        comm = (proc / str(pid) / "comm").read_text().strip()
+        argv = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    if comm and comm == name[:15]:   # the kernel keeps 15 characters of the name
+        return True
+    return any(os.path.basename(a.decode(errors="replace")) == name for a in argv[:2] if a)
 
 
 class MPSDaemon:
@@ -65,20 +85,17 @@ class MPSDaemon:
             return None
 
     def alive(self) -> bool:
+        """A live process with the pid file's pid that is our control binary.
+
+        The pid file outlives the daemon (a node reboot, a SIGKILL), and the pid may be reused by any
+        process since: adopting that one would leave the GPU without MPS and stop a stranger later.
+        """
         pid = self.pid()
-        if pid is None:
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return pid is not None and is_program(pid, self.binary)
 
     def start(self) -> None:
         if self.alive():
-            return   # survived our own restart: adopt it
+            return   # survived our own restart: adopt it (alive() checked it is the control daemon)
         self.pipe_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         (self.pipe_dir / PID_FILE).unlink(missing_ok=True)
@@ -121,6 +138,11 @@ class MPSPlugin(NodeResource):
     resource = RESOURCE
     socket_name = "nvidia-mps-core.sock"
 
+    def __init__(self, inventory: Inventory, health: Health, store: ContainerStore,
+                 daemons: Mapping[str, MPSDaemon]) -> None:
+        super().__init__(inventory, health, store)
+        self.daemons = daemons
+
     def devices(self) -> list[pb.Device]:
         return logical_devices(self.inventory, self.health, percent_of)
 
@@ -145,6 +167,13 @@ class MPSPlugin(NodeResource):
             raise AllocationError(f"{len(device_ids)}% must stay on one GPU, got devices of {len(groups)} GPUs; "
                                   "let kubelet use the plugin's preferred allocation")
         uuid, share = next(iter(groups)), len(device_ids)
+        daemon = self.daemons.get(uuid)
+        if daemon is None or not daemon.alive():
+            # Without its control daemon an MPS client's cuInit fails inside the container, far from the cause.
+            where = f"; see {daemon.log_dir}" if daemon is not None else ""
+            raise AllocationError(f"the MPS control daemon for GPU {uuid} is not running (the plugin keeps "
+                                  f"restarting it{where}); the pod can be re-created once it runs",
+                                  grpc.StatusCode.UNAVAILABLE)
         gpu = self.inventory.by_uuid(uuid)
         assert gpu is not None   # parse_ids checked
         memory = gpu.memory_total * share // PERCENT

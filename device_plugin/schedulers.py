@@ -4,6 +4,9 @@ The scheduler keeps its tenants in ``tenants.json`` and restores them itself
 after a restart; `after_start` also re-adds every tenant the plugin's records
 hold, so a lost or stale file cannot leave a running container without its
 socket.
+
+Each scheduler process is started through device_plugin.lifeline, so it ends
+with the agent even when the agent is killed without a chance to stop it.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import device_plugin
 import token_scheduler
+from device_plugin import lifeline
 from device_plugin.layout import NodeLayout, gpu_key
 from token_scheduler.admin_client import AdminClient
 
@@ -30,10 +34,10 @@ class SchedulerError(RuntimeError):
 
 
 def child_env() -> dict[str, str]:
-    """Our environment, with the directory that holds token_scheduler on PYTHONPATH."""
+    """Our environment, with the directories that hold token_scheduler and device_plugin on PYTHONPATH."""
     env = dict(os.environ)
-    root = str(Path(token_scheduler.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    roots = dict.fromkeys(str(Path(m.__file__).resolve().parents[1]) for m in (token_scheduler, device_plugin))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*roots, env.get("PYTHONPATH")]))
     return env
 
 
@@ -54,8 +58,9 @@ class TokenScheduler:
         self.stop()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as logfile:
+            # Bound to our life (lifeline): a SIGKILLed agent leaves no scheduler behind.
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "token_scheduler", "--gpu", self.uuid, "--dir", str(self.directory)],
+                lifeline.command("token_scheduler", "--gpu", self.uuid, "--dir", str(self.directory)),
                 stdin=subprocess.DEVNULL, stdout=logfile, stderr=logfile, env=child_env())
         with self._lock:
             self._admin = AdminClient(self.directory / "admin.sock")

@@ -19,7 +19,7 @@ class Child(Protocol):
     name: str
 
     def start(self) -> None:
-        """Start and wait until usable; raise OSError/TimeoutError when it cannot."""
+        """Start and wait until usable; raise (OSError, TimeoutError, ...) when it cannot."""
         ...
 
     def alive(self) -> bool: ...
@@ -50,8 +50,9 @@ class Supervisor:
                 child.start()
                 child.after_start()
                 return True
-            except (OSError, TimeoutError) as exc:
-                log.error("%s did not start: %s", child.name, exc)
+            except Exception as exc:   # whatever one child raises, the others and later retries go on
+                expected = isinstance(exc, (OSError, TimeoutError))   # anything else is a bug: keep its trace
+                log.error("%s did not start: %s", child.name, exc, exc_info=not expected)
                 return False
 
     def _loop(self) -> None:
@@ -59,7 +60,11 @@ class Supervisor:
         due = {c.name: 0.0 for c in self.children}
         while not self._stop.wait(self.poll_s):
             for child in self.children:
-                if self._stop.is_set() or child.alive() or time.monotonic() < due[child.name]:
+                try:
+                    if self._stop.is_set() or child.alive() or time.monotonic() < due[child.name]:
+                        continue
+                except Exception:   # one child's check failing must not end the watch over all
+                    log.exception("checking %s", child.name)
                     continue
                 log.warning("%s is not running: restarting", child.name)
                 self.restarts[child.name] += 1
@@ -76,5 +81,5 @@ class Supervisor:
         for child in self.children:
             try:
                 child.stop()
-            except OSError as exc:
+            except Exception as exc:   # stop the others all the same
                 log.warning("stopping %s: %s", child.name, exc)

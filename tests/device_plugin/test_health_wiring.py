@@ -4,7 +4,9 @@ GPU goes Unhealthy in a fresh ListAndWatch list, and comes back when it recovers
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 
 class FakeMonitor:
@@ -56,3 +58,18 @@ def test_failed_gpu_marks_all_its_devices_and_recovers(agent_factory, kubelet, d
                 what="recovery")
     agent.stop()
     assert not monitor.running
+
+
+def test_ignored_xids_unset_empty_and_listed(dp):
+    """--ignored-xids unset keeps NVIDIA's list; "" ignores none (every XID fails the GPU); a list is that list."""
+    from device_plugin.agent import nvml_health
+    from device_plugin.health import DEFAULT_IGNORED_XIDS
+
+    def ignored(text: str | None) -> frozenset[int]:
+        return nvml_health(None, text)(dp.inventory(1), lambda *_: None).ignored_xids  # type: ignore[arg-type]
+
+    assert ignored(None) == DEFAULT_IGNORED_XIDS and 13 in DEFAULT_IGNORED_XIDS
+    assert ignored("") == frozenset()
+    assert ignored("48, 79") == {48, 79}
+    cfg = dp.plugin_config(Path(tempfile.gettempdir()), "vgpu", ignored_xids="")
+    assert cfg.ignored_xids == ""   # "" survives configuration as a value, distinct from unset (None)

@@ -61,6 +61,12 @@ def test_pgpu_allocate(agent_factory, kubelet, dp):
     with pytest.raises(grpc.RpcError) as e:
         kubelet.allocate(GPU, ["GPU-unknown"])
     assert "unknown device ID 'GPU-unknown'" in e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        kubelet.allocate(GPU, [a, a])
+    assert "appear more than once" in e.value.details()
+    with pytest.raises(grpc.RpcError) as e:   # the first container of a failed request goes too
+        kubelet.allocate(GPU, [a], ["GPU-unknown"])
+    assert [r.gpus for r in agent.store.records()] == [(b, a)]
 
 
 FAKE_MPS = textwrap.dedent("""\
@@ -136,6 +142,53 @@ def test_mps_daemon_that_cannot_start_is_retried(agent_factory, kubelet, dp, sho
     dp.wait_for(lambda: agent.supervisor.restarts[daemon.name] >= 2, what="retries")
     assert not daemon.alive()
     assert len(kubelet.latest_devices(MPS)) == 100   # the resource is still offered
+    with pytest.raises(grpc.RpcError) as e:   # but a container would find no daemon: refused, saying why
+        kubelet.allocate(MPS, [f"{dp.gpu(0).uuid}::{i}" for i in range(10)])
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert f"the MPS control daemon for GPU {dp.gpu(0).uuid} is not running" in e.value.details()
+    assert str(mps_dir(agent.layout, dp.gpu(0).uuid) / "log") in e.value.details()
+    assert list(agent.store.records()) == []
+
+
+def test_stale_pid_file_naming_another_process_is_not_adopted(agent_factory, kubelet, dp, short_dir, fake_mps):
+    """The pid file survived its daemon and the pid now belongs to someone else: start a daemon,
+    and leave the stranger alone."""
+    import subprocess
+
+    from device_plugin.layout import NodeLayout
+
+    stranger = subprocess.Popen(["sleep", "300"])
+    try:
+        pipe = mps_dir(NodeLayout(short_dir / "st"), dp.gpu(0).uuid) / "pipe"
+        pipe.mkdir(parents=True)
+        (pipe / PID_FILE).write_text(str(stranger.pid))
+        agent = agent_factory("mps", gpus=1, mps_control=str(fake_mps))
+        (daemon,) = agent.supervisor.children
+        assert (pipe / "calls").read_text().startswith("-d ")   # started, not adopted
+        assert daemon.alive() and daemon.pid() != stranger.pid
+        agent.stop()
+        assert stranger.poll() is None   # never asked to quit, never signalled
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+@pytest.mark.parametrize("desc,comm,argv,expect", [
+    ("the real daemon (comm keeps 15 characters)", "nvidia-cuda-mps", ["nvidia-cuda-mps-control", "-d"], True),
+    ("the binary by full path", "nvidia-cuda-mps", ["/usr/bin/nvidia-cuda-mps-control", "-d"], True),
+    ("a script under its interpreter", "python3", ["python3", "/opt/nvidia-cuda-mps-control", "-d"], True),
+    ("a stranger with a reused pid", "sleep", ["sleep", "300"], False),
+    ("a stranger naming it as a later argument", "vim", ["vim", "-R", "nvidia-cuda-mps-control"], False),
+])
+def test_is_program(tmp_path, desc, comm, argv, expect):
+    from device_plugin.mps import is_program
+
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "comm").write_text(comm + "\n")
+    (tmp_path / "42" / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    assert is_program(42, "/usr/bin/nvidia-cuda-mps-control", proc=tmp_path) is expect, desc
+    assert not is_program(43, "/usr/bin/nvidia-cuda-mps-control", proc=tmp_path)   # no such process
+
 
 
 def test_gpu_without_numa_has_no_topology(dp):

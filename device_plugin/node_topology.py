@@ -1,0 +1,93 @@
+"""Publish this node's GPUs and NVLink as the node annotation ``vcuda.io/gpu-topology``
+(format: scheduler_extender.topology), which the scheduler extender reads to place
+vgpu requests on a concrete GPU. Without it the extender finds no GPUs on the node.
+
+The agent patches its Node once at start, from a background thread that keeps
+retrying (with a growing pause) while the API server cannot be reached, so the
+plugin serves kubelet meanwhile. The format carries no health: unhealthy GPUs
+reach the scheduler as unhealthy devices through kubelet, so there is nothing
+to re-publish when health changes. A restarted agent publishes again, which is
+what a changed set of GPUs needs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from device_plugin.inventory import Inventory
+from scheduler_extender import topology
+
+log = logging.getLogger(__name__)
+
+Annotate = Callable[[dict[str, str]], None]   # merge these annotations into our Node; raises on failure
+
+
+def encode(inventory: Inventory) -> str:
+    gpus = tuple(topology.GPUInfo(index=g.index, uuid=g.uuid, model=g.name, memory=g.memory_total,
+                                  numa=g.numa_node) for g in inventory.gpus)
+    indexes = [g.index for g in inventory.gpus]
+    nvlink = {(a, b): n for a in indexes for b in indexes if a < b and (n := inventory.link_count(a, b)) > 0}
+    return topology.encode(topology.NodeTopology(gpus=gpus, nvlink=nvlink))
+
+
+class KubeNode:
+    """Annotates one Node through the kubernetes client (RBAC: nodes patch)."""
+
+    def __init__(self, api: Any, node: str, timeout: float = 10.0) -> None:
+        self.api = api            # kubernetes.client.CoreV1Api
+        self.node = node
+        self.timeout = timeout
+
+    def annotate(self, annotations: dict[str, str]) -> None:
+        # A merge patch touches only these keys: labels and other agents' annotations stay.
+        self.api.patch_node(self.node, {"metadata": {"annotations": annotations}},
+                            _content_type="application/merge-patch+json", _preload_content=False,
+                            _request_timeout=self.timeout)
+
+
+class TopologyPublisher:
+    def __init__(self, annotate: Annotate, key: str, inventory: Inventory, *, retry_s: float = 1.0,
+                 max_retry_s: float = 60.0) -> None:
+        self.annotate = annotate
+        self.key = key
+        self.value = encode(inventory)
+        self.retry_s = retry_s
+        self.max_retry_s = max_retry_s
+        self.published = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="topology-publisher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+
+    def _run(self) -> None:
+        pause = self.retry_s
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                self.annotate({self.key: self.value})
+            except Exception as exc:   # the API server may be down or slow; keep trying, quietly after the first
+                failures += 1
+                (log.warning if failures == 1 else log.debug)(
+                    "node annotation %s not published yet (%s); retrying", self.key, _reason(exc))
+                self._stop.wait(pause)
+                pause = min(pause * 2, self.max_retry_s)
+                continue
+            log.info("published %s (%d GPUs)", self.key, len(json.loads(self.value)["gpus"]))
+            self.published.set()
+            return
+
+
+def _reason(exc: Exception) -> str:
+    status = getattr(exc, "status", None)
+    return f"HTTP {status} {getattr(exc, 'reason', '')}".strip() if status else repr(exc)

@@ -1,0 +1,87 @@
+"""The vgpu agent publishes its GPUs and NVLink as the node annotation vcuda.io/gpu-topology,
+through the kubernetes client against a fake API server, retrying while that fails; the
+extender's own reader accepts what it wrote."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from device_plugin.inventory import Inventory
+from device_plugin.node_topology import KubeNode, encode
+from device_plugin.testing import FakeKubeAPI
+from py_vcuda.sim import GiB, SimConfig
+from scheduler_extender import topology
+from scheduler_extender.names import Names
+from scheduler_extender.state import ClusterState
+
+KEY = "vcuda.io/gpu-topology"
+
+
+@pytest.fixture
+def api(dp) -> Iterator[FakeKubeAPI]:
+    server = FakeKubeAPI()
+    server.add_node(dp.NODE)
+    yield server
+    server.close()
+
+
+def core_api(api: FakeKubeAPI):  # type: ignore[no-untyped-def]
+    from kubernetes import client
+
+    cfg = client.Configuration()
+    cfg.host = api.url
+    cfg.retries = False
+    return client.CoreV1Api(client.ApiClient(cfg))
+
+
+def test_encode_carries_gpus_numa_and_nvlink_counts(dp):
+    gpus = tuple(dp.gpu(i, numa=i // 2) for i in range(3))
+    inv = Inventory(gpus, {0: frozenset({1}), 1: frozenset({0, 2}), 2: frozenset({1})}, {(0, 1): 12})
+    topo = topology.decode(encode(inv))
+    assert [(g.index, g.uuid, g.model, g.memory, g.numa) for g in topo.gpus] == [
+        (g.index, g.uuid, g.name, g.memory_total, g.numa_node) for g in gpus]
+    assert topo.nvlink == {(0, 1): 12, (1, 2): 1}   # a pair without a count from NVML counts one link
+
+
+def test_agent_publishes_after_the_api_server_recovers(agent_factory, kubelet, dp, api):
+    api.fail_requests = 2   # the API server is not there yet: the agent serves kubelet anyway and retries
+    agent = agent_factory("vgpu", gpus=2, annotate_node=KubeNode(core_api(api), dp.NODE).annotate)
+    assert len(kubelet.latest_devices("tencent.com/vcuda-core")) == 200
+    assert agent.topology is not None and agent.topology.published.wait(60)
+    patches = [r for r in api.requests if r[0] == "PATCH"]
+    assert len(patches) == 3 and all(path == f"/api/v1/nodes/{dp.NODE}" for _, path in patches)
+    state = ClusterState(Names())
+    with api.lock:
+        state.observe_node(api.nodes[dp.NODE])   # what the extender's node watch would see
+    node = state.node(dp.NODE)
+    assert node is not None and [g.uuid for g in node.gpus] == [dp.gpu(0).uuid, dp.gpu(1).uuid]
+
+
+def test_pgpu_agent_publishes_nothing(agent_factory, kubelet, dp, api):
+    agent = agent_factory("pgpu", gpus=2, annotate_node=KubeNode(core_api(api), dp.NODE).annotate)
+    kubelet.latest_devices("nvidia.com/gpu")
+    assert agent.topology is None and api.requests == []
+
+
+def test_real_agent_process_uses_the_api_server(kubelet, short_dir, dp, api):
+    """The command line wiring: pods from the API server identify a container on a node with two
+    GPUs, and the topology annotation appears on the Node."""
+    sim = SimConfig(state_path=short_dir / "sim", devices=2, memory=2 * GiB, nvlink=[(0, 1)])
+    uuid = dp.gpu(0).uuid
+    api.pods = [dp.pod("app", cores=30, annotations={
+        "vcuda.io/gpu-assignment": dp.assignment_annotation("main", uuid, 30)})]
+    proc = dp.spawn_plugin(short_dir, sim, "--mode", "vgpu", "--kubeconfig",
+                           str(api.kubeconfig(short_dir / "kubeconfig")))
+    try:
+        kubelet.latest_devices("tencent.com/vcuda-core")
+        resp = kubelet.allocate("tencent.com/vcuda-core", [f"{uuid}::{i}" for i in range(30)])
+        assert resp.container_responses[0].envs["VCUDA_CORE_REQUEST"] == "30"
+        published = dp.wait_for(lambda: api.annotations(dp.NODE).get(KEY), what="topology annotation")
+        topo = topology.decode(published)
+        assert [g.uuid for g in topo.gpus] == [dp.gpu(0).uuid, dp.gpu(1).uuid] and topo.links(0, 1) == 1
+    finally:
+        log = dp.stop_plugin(proc, short_dir)
+    assert proc.returncode == 0, log
+    assert "allocated" in log and "default/app:main" in log, log

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -210,14 +211,32 @@ def test_init_step_refuses_a_library_with_more_dependencies(tmp_path: Path) -> N
     assert not (tmp_path / "host" / native.SHIM).exists()
 
 
+# `api.<verb>_<kind>(...)`: the kubernetes client's CoreV1Api calls in the agent's code.
+API_CALL = re.compile(r"\bapi\.(list|read|patch|create|delete|replace)_(\w+?)\(([^()]*)\)", re.S)
+API_RESOURCE = {"pod": "pods", "node": "nodes", "event": "events", "pod_binding": "pods/binding"}
+
+
+def agent_api_calls() -> set[tuple[str, str]]:
+    """(resource, RBAC verb) for every API call in device_plugin/, a list with watch=True also a watch."""
+    used = set()
+    for path in sorted((REPO / "device_plugin").glob("*.py")):
+        for verb, kind, args in API_CALL.findall(path.read_text()):
+            resource = kind.replace("namespaced_", "").replace("_for_all_namespaces", "")
+            resource = API_RESOURCE.get(resource, resource)
+            used.add((resource, "get" if verb == "read" else verb))
+            if verb == "list" and "watch=True" in args:
+                used.add((resource, "watch"))
+    return used
+
+
 def test_rbac_grants_what_the_agent_calls() -> None:
     docs = {d["kind"]: d for d in load(DEPLOY / "rbac.yaml")}
     granted = {(res, verb) for r in docs["ClusterRole"]["rules"] for res in r["resources"]
                for verb in r["verbs"]}
-    for need in [("pods", "get"), ("pods", "list"), ("pods", "watch"), ("nodes", "get"),
-                 ("nodes", "patch")]:
-        assert need in granted
-    assert ("pods", "patch") not in granted  # the extender annotates pods, not the agent
+    used = agent_api_calls()
+    # the calls this test must find, so that a change in how the code is written cannot make it vacuous
+    assert {("pods", "list"), ("pods", "watch"), ("nodes", "patch")} <= used
+    assert granted == used, f"granted but not called: {granted - used}; called but not granted: {used - granted}"
     sa = docs["ServiceAccount"]["metadata"]
     (subject,) = docs["ClusterRoleBinding"]["subjects"]
     assert (subject["name"], subject["namespace"]) == (sa["name"], sa["namespace"])
@@ -252,7 +271,11 @@ def test_resource_limitation_configmaps() -> None:
         assert data["descriptionEn"].strip() and data["descriptionZh"].strip()
         assert all(isinstance(v, str) for v in data.values())  # ConfigMap data is strings only
         # limits only: Kubernetes copies an extended resource's limit into its request
-        assert (data["limits"], data["requests"]) == ("required", "disabled")
+        assert data["requests"] == "disabled"
+    # cores are what a vgpu pod asks for; memory is optional (whole cards need none: examples/vgpu-whole.yaml)
+    assert maps[names.core_resource]["data"]["limits"] == "required"
+    assert maps[names.memory_resource]["data"]["limits"] == "optional"
+    assert names.memory_resource not in limits_of(example("vgpu-whole"))
     assert maps[names.core_resource]["data"]["defaultValue"] == "20"
     assert maps[names.core_resource]["metadata"]["name"] == "cf-crl-gpu-manager-vcuda-core"
     assert maps[names.memory_resource]["metadata"]["name"] == "cf-crl-gpu-manager-vcuda-memory"

@@ -12,12 +12,10 @@ calls have a short timeout; a scheduler that missed one is left alone for
 A scheduler's reply that is not a well-formed `stats` document is an error of
 this reading (in `errors`), never an exception: one scheduler cannot fail a scrape.
 
-GPU time (`ContainerGPU.gpu_time_s`, a counter) is integrated across readings:
-for a vGPU tenant from its usage over the scheduler's sliding window at each
-reading (`held_between`), or the scheduler's own cumulative figure when its
-`stats` carry one (`held_ms_total`); for a whole card (pGPU, or a vGPU container
-of whole cards) from NVML utilization (trapezoids between readings). It starts
-at the first reading that sees the container, so it counts from there.
+GPU time (`ContainerGPU.gpu_time_s`, a counter): for a vGPU tenant the token
+scheduler's own lifetime figure (`held_ms_total` in its `stats`); for a whole
+card (pGPU, or a vGPU container of whole cards) NVML utilization integrated
+across readings (trapezoids), starting at the first reading that sees it.
 """
 
 from __future__ import annotations
@@ -192,32 +190,6 @@ def _is_socket(path: Path) -> bool:
         return False
 
 
-def held_between(prev_usage_s: float, prev_span_s: float, usage_s: float, span_s: float, dt_s: float,
-                 window_s: float) -> float:
-    """A tenant's token-hold time in the last `dt_s` seconds, from its scheduler usage at both ends.
-
-    The scheduler reports usage(t) = hold time in (t - span, t], where span is its window, or the
-    tenant's age while younger. So hold in (t - dt, t] = usage(t) - usage(t - dt) + what left the
-    window meanwhile (the hold in (t - dt - window, t - window]); that part is estimated as spread
-    evenly over the previous span. Exact while the tenant is younger than the window; otherwise off
-    by the change of its rate within a window, which averages out over successive readings. Readings
-    further apart than the window count the latest window exactly and the gap at the mean rate of
-    the two readings (a sample, not a measurement: read at least once per window to avoid it).
-    """
-    if dt_s <= 0:
-        return 0.0
-    if span_s < min(dt_s, window_s):  # (re)added since the previous reading: its usage is all it has held
-        return max(0.0, usage_s)
-    if dt_s >= window_s:
-        prev_rate = prev_usage_s / prev_span_s if prev_span_s > 0 else 0.0
-        rate = (prev_rate + usage_s / span_s) / 2
-        return max(0.0, usage_s + (dt_s - window_s) * rate)
-    left = 0.0
-    if span_s >= window_s and prev_span_s > 0:  # the window has started to shed the oldest hold
-        left = prev_usage_s * max(0.0, min(dt_s, dt_s - window_s + prev_span_s)) / prev_span_s
-    return max(0.0, usage_s - prev_usage_s + left)
-
-
 @dataclass(frozen=True)
 class _GPUTime:
     """The GPU-time counter of one container on one GPU, and what the next reading adds to."""
@@ -225,8 +197,6 @@ class _GPUTime:
     at: float                  # clock of the reading
     total_s: float
     source: str                # "tenant" (token scheduler) or "card" (NVML utilization of a whole card)
-    usage_s: float = 0.0       # tenant: its usage over its span then
-    span_s: float = 0.0
     busy: float = 0.0          # card: its utilization ratio then
 
 
@@ -461,22 +431,10 @@ class NodeReader:
         cur: _GPUTime | None = None
         if row.tenant_stats is not None and stats is not None:
             doc = stats["tenants"][row.tenant]  # type: ignore[index]  (tenant_stats came from it)
-            window = float(stats["window_s"])  # type: ignore[arg-type]
-            share = row.tenant_stats.share
             try:
-                usage = float(doc["usage_ms"]) / 1000.0
-                total = float(doc["held_ms_total"]) / 1000.0 if "held_ms_total" in doc else None
+                cur = _GPUTime(now, float(doc["held_ms_total"]) / 1000.0, "tenant")
             except (KeyError, TypeError, ValueError):
-                usage, total = share * window, None
-            span = min(window, usage / share) if share > 0 else window  # share = usage / span
-            if span > window * (1 - 1e-6):
-                span = window  # rounding of usage / share: a full window, not a tenant a hair younger
-            if total is None:
-                total = usage  # first reading: what it held in its window
-                if prev is not None and prev.source == "tenant":
-                    total = prev.total_s + held_between(prev.usage_s, prev.span_s, usage, span, now - prev.at,
-                                                        window)
-            cur = _GPUTime(now, total, "tenant", usage_s=usage, span_s=span)
+                cur = None  # a scheduler without the counter: no series rather than a guess
         elif whole_cards and row.share is not None:
             total = 0.0
             if prev is not None and prev.source == "card":

@@ -76,6 +76,7 @@ class UsageWindow:
         self._intervals: deque[tuple[int, int]] = deque()
         self._total = 0
         self._longest = 0
+        self.lifetime_ns = 0  # every hold ever added, window or not (charge-back counter)
 
     def add(self, start: int, end: int) -> None:
         if end <= start:
@@ -89,6 +90,7 @@ class UsageWindow:
                 index -= 1
             iv.insert(index, (start, end))
         self._total += end - start
+        self.lifetime_ns += end - start
         self._longest = max(self._longest, end - start)
 
     def usage(self, now: int, window: int) -> int:
@@ -446,6 +448,17 @@ class Policy:
     def usage_ns(self, tenant_name: str) -> int:
         return self._usage(self._tenant(tenant_name), self.clock())
 
+    def held_total_ns(self, tenant: Tenant, now: int) -> int:
+        """All token-hold time charged to the tenant since it was added, the lease in force included.
+
+        Never decreases: a lease in force counts at most up to its reclaim time, which
+        is what `_expire` charges if it is reclaimed."""
+        held = tenant.usage.lifetime_ns
+        lease = self.lease
+        if lease is not None and lease.tenant == tenant.name:
+            held += max(0, min(now, lease.expires_at + self.config.grace_ns) - lease.granted_at)
+        return held
+
     def _someone_else_may_run(self, holder: str, now: int) -> bool:
         for tenant in self.tenants.values():
             if not tenant.waiting:
@@ -510,6 +523,7 @@ class Policy:
                 "limit": tenant.limit,
                 "share": used / span,
                 "usage_ms": used / MS,
+                "held_ms_total": self.held_total_ns(tenant, now) / MS,
                 "grants": s.grants,
                 "renewals": s.renewals,
                 "renew_denied": s.renew_denied,

@@ -346,3 +346,27 @@ def test_overrunning_holder_gets_shorter_leases() -> None:
     policy.request("hog", b"1", qmax)
     grant = policy.dispatch()
     assert grant is not None and grant.quantum_ns == qmax
+
+
+def test_lifetime_hold_counter_outlives_the_window_and_never_decreases() -> None:
+    """stats' held_ms_total (charge-back) counts every hold since the tenant was added, the lease in
+    force included up to its reclaim time, so it never goes down when a lease is reclaimed."""
+    policy, clock = make(("a", 50, 100))
+    for _ in range(5):
+        hold(policy, clock, "a", b"1", 100 * MS)
+        clock.advance(SECOND)  # each hold leaves the 1 s window before the next
+    doc = policy.stats()["tenants"]["a"]  # type: ignore[index]
+    assert doc["usage_ms"] == 0 and doc["held_ms_total"] == pytest.approx(500)
+    policy.request("a", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None
+    clock.advance(grant.quantum_ns // 2)
+    assert policy.stats()["tenants"]["a"]["held_ms_total"] == pytest.approx(500 + grant.quantum_ns / 2 / MS)
+    seen = []
+    while policy.lease is not None:  # past expiry and grace: the silent holder's lease is reclaimed
+        clock.advance(2 * MS)
+        seen.append(policy.stats()["tenants"]["a"]["held_ms_total"])
+        policy.dispatch()
+        seen.append(policy.stats()["tenants"]["a"]["held_ms_total"])
+    assert len(seen) > 4 and seen == sorted(seen)
+    assert seen[-1] == pytest.approx(500 + (grant.quantum_ns + CFG.grace_ns) / MS)

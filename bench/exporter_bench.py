@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 from device_plugin import metrics_text  # noqa: E402
 from device_plugin.api import podresources_v1_pb2 as pr  # noqa: E402
 from device_plugin.api import podresources_v1_pb2_grpc as pr_grpc  # noqa: E402
-from device_plugin.layout import ContainerRecord, NodeLayout  # noqa: E402
+from device_plugin.layout import ContainerRecord, NodeLayout, ledger_in  # noqa: E402
 from device_plugin.metrics import start_exporter  # noqa: E402
 from py_vcuda.ledger import Ledger  # noqa: E402
 from py_vcuda.nvml import NVML  # noqa: E402
@@ -116,7 +116,7 @@ def build_node(root: Path, uuids: list[str], tenants: int) -> tuple[NodeLayout, 
                                      namespace="bench" if named else "", pod=f"pod-{name}" if named else "",
                                      container="main" if named else "")
             directory_c = layout.write_record(record)
-            with Ledger(directory_c / "ledger", create=True) as ledger:
+            with Ledger(ledger_in(directory_c), create=True) as ledger:
                 ledger.set_limit(uuid, GiB)
             if not named:
                 pods.append(pr.PodResources(name=f"pod-{name}", namespace="bench", containers=[

@@ -1,9 +1,10 @@
 """Each allocated container's host directory (device_plugin.layout) and what
-goes in the container from it: the record, the ledger, ``ld.so.preload``.
+goes in the container from it: the ledger and ``ld.so.preload`` (the record
+stays outside).
 
 Inside the container (**contract** with libvcuda's env):
 
-    /run/vcuda/                   the container directory
+    /run/vcuda/                   the container directory's shared/ part
       ledger                      VCUDA_LEDGER
       sched/sched.sock            VCUDA_SCHEDULER (the tenant's socket directory, mounted over)
     /usr/local/vcuda/lib/libvcuda.so   read-only
@@ -97,7 +98,7 @@ class ContainerStore:
     def create(self, record: ContainerRecord, *, ledger: bool, preload: bool) -> Path:
         directory = self.layout.write_record(record)
         if ledger:
-            path = directory / LEDGER_FILE
+            path = self.layout.ledger_path(record.key)
             with Ledger(path, create=True) as book:
                 for uuid in record.gpus:
                     book.set_limit(uuid, record.memory_limit)
@@ -110,7 +111,7 @@ class ContainerStore:
         return directory
 
     def set_memory_limit(self, record: ContainerRecord) -> None:
-        path = self.layout.container_dir(record.key) / LEDGER_FILE
+        path = self.layout.ledger_path(record.key)
         if path.exists():
             with Ledger(path) as book:
                 for uuid in record.gpus:

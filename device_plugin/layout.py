@@ -7,9 +7,14 @@ read it. One module, so writer and readers cannot drift apart.
     <state-dir>/                        --state-dir, default /var/lib/vcuda
       sched/<gpu-key>/                  one token scheduler per GPU (its --dir)
         admin.sock  tenants.json  tenants/<tenant>/sched.sock
-      containers/<container-key>/       one per allocated container, mounted into it
+      containers/<container-key>/       one per allocated container (the agent's)
         container.json                  ContainerRecord (below)
-        ledger                          the container's VCUDA_LEDGER
+        ld.so.preload                   mounted read-only over the container's /etc/ld.so.preload
+        shared/                         mounted read-write into the container (/run/vcuda)
+          ledger                        the container's VCUDA_LEDGER
+
+Only shared/ is writable from the container: the record, which the agent
+trusts when it reconciles quotas and removes tenants, stays out of its reach.
 
 Unix socket paths must stay within 107 bytes, so keys are short: a GPU key is
 10 hex digits of a hash of its UUID, a tenant name at most 24 characters.
@@ -27,6 +32,7 @@ from pathlib import Path
 DEFAULT_STATE_DIR = Path("/var/lib/vcuda")
 RECORD_FILE = "container.json"
 LEDGER_FILE = "ledger"
+SHARED_DIR = "shared"
 RECORD_FORMAT = 1
 MODES = ("vgpu", "pgpu", "mps")
 
@@ -101,6 +107,11 @@ class ContainerRecord:
             raise LayoutError(f"{source}: unreadable container record: {exc}") from exc
 
 
+def ledger_in(container_dir: Path) -> Path:
+    """The ledger of the container whose directory this is."""
+    return container_dir / SHARED_DIR / LEDGER_FILE
+
+
 @dataclass(frozen=True)
 class NodeLayout:
     root: Path = DEFAULT_STATE_DIR
@@ -121,10 +132,17 @@ class NodeLayout:
             raise ValueError(f"bad container key {key!r}")
         return self.containers / key
 
+    def shared_dir(self, key: str) -> Path:
+        """The part of a container's directory mounted into the container."""
+        return ledger_in(self.container_dir(key)).parent
+
+    def ledger_path(self, key: str) -> Path:
+        return ledger_in(self.container_dir(key))
+
     def write_record(self, record: ContainerRecord) -> Path:
-        """Create the container's directory and write its record atomically."""
+        """Create the container's directory (with its shared/ part) and write its record atomically."""
         directory = self.container_dir(record.key)
-        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+        ledger_in(directory).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         tmp = directory / f".{RECORD_FILE}.{os.getpid()}.tmp"
         tmp.write_text(record.to_json())
         os.replace(tmp, directory / RECORD_FILE)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from device_plugin.layout import LEDGER_FILE, RECORD_FILE, ContainerRecord, LayoutError, NodeLayout
+from device_plugin.layout import RECORD_FILE, ContainerRecord, LayoutError, NodeLayout, ledger_in
 from device_plugin.podresources import PodResourcesClient
 from py_vcuda.launch import SCHEDULER_DIR_KEY
 from py_vcuda.ledger import DeviceUsage, Ledger, LedgerError
@@ -262,7 +262,7 @@ class NodeReader:
         return record
 
     def _ledger_usage(self, directory: Path) -> dict[str, DeviceUsage] | None:
-        path = directory / LEDGER_FILE
+        path = ledger_in(directory)
         try:
             inode = os.stat(path).st_ino
         except OSError:

@@ -301,7 +301,7 @@ class CorePlugin:
         }
         if record.memory_limit is not None:
             envs["VCUDA_MEMORY_LIMIT"] = str(record.memory_limit)
-        mounts = [mount(directory, CONTAINER_DIR, read_only=False),
+        mounts = [mount(self.ctx.store.layout.shared_dir(record.key), CONTAINER_DIR, read_only=False),
                   mount(self.ctx.host_lib, CONTAINER_LIB, read_only=True)]
         if tenant_dir is not None:
             envs["VCUDA_SCHEDULER"] = CONTAINER_SCHEDULER

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from device_plugin.layout import ContainerRecord, NodeLayout
+from device_plugin.layout import ContainerRecord, NodeLayout, ledger_in
 from py_vcuda import native
 from token_scheduler.admin_client import AdminClient
 
@@ -121,9 +121,10 @@ def run(command: Sequence[str], tenant: Tenant, base_env: Mapping[str, str] | No
     simulated = "VCUDA_SIM_STATE" in base
     sched = scheduler_dir(tenant.gpu or "0", simulated) if tenant.core_request is not None else None
     record_dir = _write_record(command, tenant, name, sched)
-    ledger = tenant.ledger or record_dir / "ledger"
+    own_path = ledger_in(record_dir)
+    ledger = tenant.ledger or own_path
     if tenant.ledger is not None:  # a shared ledger: readers find it through the record's directory
-        (record_dir / "ledger").symlink_to(tenant.ledger.resolve())
+        own_path.symlink_to(tenant.ledger.resolve())
     env = tenant_env(tenant, base, ledger)
     admin = None
     if tenant.core_request is not None:

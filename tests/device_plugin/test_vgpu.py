@@ -66,15 +66,17 @@ def test_fractional_allocate_on_single_gpu_without_extender(agent_factory, kubel
     sched = agent.layout.scheduler_dir(uuid) / "tenants" / rec.tenant
     mounts = {m.container_path: (m.host_path, m.read_only) for m in resp.mounts}
     assert mounts == {
-        "/run/vcuda": (str(directory), False),
+        "/run/vcuda": (str(directory / "shared"), False),
         "/run/vcuda/sched": (str(sched), False),
         "/usr/local/vcuda/lib/libvcuda.so": (str(agent.config.host_lib_dir / "libvcuda.so"), True),
         "/etc/ld.so.preload": (str(directory / "ld.so.preload"), True),
     }
     assert (directory / "ld.so.preload").read_text() == "/usr/local/vcuda/lib/libvcuda.so\n"
+    # what the container may write holds its ledger and nothing the agent trusts (its record, the preload)
+    assert sorted(p.name for p in (directory / "shared").iterdir()) == ["ledger"]
     assert (sched / "sched.sock").exists()
     assert tenants(agent, uuid) == {rec.tenant: (30, 50)}
-    with Ledger(directory / "ledger") as book:
+    with Ledger(agent.layout.ledger_path(rec.key)) as book:
         assert [(d.uuid, d.limit) for d in book.devices()] == [(uuid, 4 * MEMORY_UNIT_BYTES)]
     # the memory resource only accounts: nothing harmful in its answer
     assert kubelet.allocate(MEMORY, ids(uuid, 4)).container_responses[0] == type(resp)()
@@ -183,7 +185,7 @@ def test_live_quota_change_and_cleanup(agent_factory, kubelet, dp):
     p["metadata"]["annotations"].update({"vcuda.io/core-limit": "80", "vcuda.io/memory": "2Gi"})
     dp.wait_for(lambda: tenants(agent, uuid) == {rec.tenant: (30, 80)}, what="live core-limit update")
     dp.wait_for(lambda: agent.layout.read_record(rec.key).memory_limit == 2 << 30, what="record update")
-    with Ledger(agent.layout.container_dir(rec.key) / "ledger") as book:
+    with Ledger(agent.layout.ledger_path(rec.key)) as book:
         assert book.devices()[0].limit == 2 << 30
     pods.pods.clear()   # the pod is deleted
     dp.wait_for(lambda: not agent.layout.container_dir(rec.key).exists(), what="cleanup")
@@ -297,7 +299,7 @@ def test_memory_units_are_split_over_whole_cards(agent_factory, kubelet, dp):
     resp = kubelet.allocate(CORE, ids(a, 100) + ids(b, 100)).container_responses[0]
     assert resp.envs["VCUDA_MEMORY_LIMIT"] == str(8 << 30)   # 64 units = 16 GiB for the container: 8 per card
     (rec,) = records(agent)
-    with Ledger(agent.layout.container_dir(rec.key) / "ledger") as book:
+    with Ledger(agent.layout.ledger_path(rec.key)) as book:
         assert sorted((d.uuid, d.limit) for d in book.devices()) == [(a, 8 << 30), (b, 8 << 30)]
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.layout import ContainerRecord, NodeLayout
+from device_plugin.layout import ContainerRecord, NodeLayout, ledger_in
 from device_plugin.testing import TestPodResources, wait_for  # noqa: F401  (wait_for: for the tests)
 from py_vcuda import native
 from py_vcuda.ledger import Ledger
@@ -182,11 +182,11 @@ def node(build_c: Callable[..., Path]) -> Iterator[Node]:
                 ledger = None
                 endpoint = None
                 if t.bare:
-                    ledger = directory / "ledger"
+                    ledger = ledger_in(directory)
                     with Ledger(ledger, create=True) as book:  # its GPU, from the start (the shim adds it later)
                         book.set_limit(uuid, t.memory_limit)
                 elif t.mode == "vgpu":
-                    ledger = directory / "ledger"
+                    ledger = ledger_in(directory)
                     Ledger(ledger, create=True).close()
                     reply = admins[t.gpu].call("add", tenant=t.key, request=t.request, limit=t.limit)
                     assert reply.get("ok"), reply

@@ -120,7 +120,7 @@ def test_memory_matches_ledgers_and_simulator(node: Node, exporter: int) -> None
     with node.reader() as sim:
         for t in held:
             used = one(s, "vcuda_container_memory_used_bytes", **labels_of(node, t.key))
-            with Ledger(node.layout.container_dir(t.record_key) / "ledger") as ledger:
+            with Ledger(node.layout.ledger_path(t.record_key)) as ledger:
                 (device,) = ledger.devices()
             assert used == device.used
             # the simulator's own count for the process: the allocation plus its context
@@ -226,7 +226,7 @@ def test_token_counters_and_waits_match_the_schedulers_stats(node: Node, exporte
 def _ledger_devices(node: Node) -> dict[str, object]:
     out = {}
     for t in node.tenants.values():
-        path = node.layout.container_dir(t.record_key) / "ledger"
+        path = node.layout.ledger_path(t.record_key)
         if path.exists():
             with Ledger(path) as ledger:
                 (out[t.key],) = ledger.devices()

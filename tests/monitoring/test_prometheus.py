@@ -202,9 +202,8 @@ def test_alerts_fire_in_the_situations_they_describe(node: Node, prom: Prometheu
     start = time.time()
     # OOM denials rising: another process of `full` runs into the limit again
     full = node.tenants["full"]
-    directory = node.layout.container_dir("c-full")
-    extra = subprocess.run([str(node.cuprobe), "init", "ctx", f"fill:{16 * MiB}"], timeout=60,
-                           env=tenant_env(node.sim, directory / "ledger", full.gpu, None, full.memory_limit),
+    env = tenant_env(node.sim, node.layout.ledger_path("c-full"), full.gpu, None, full.memory_limit)
+    extra = subprocess.run([str(node.cuprobe), "init", "ctx", f"fill:{16 * MiB}"], timeout=60, env=env,
                            capture_output=True, text=True)
     assert "fill rc=2" in extra.stdout, extra.stdout  # CUDA_ERROR_OUT_OF_MEMORY
     scheduler = node.daemons[1]

@@ -18,7 +18,7 @@ from monitoring.snapshots import GiB, MiB
 from prometheus_client.parser import text_string_to_metric_families
 
 from device_plugin import metrics_text
-from device_plugin.layout import ContainerRecord, NodeLayout
+from device_plugin.layout import ContainerRecord, NodeLayout, ledger_in
 from device_plugin.metrics import snapshot_metrics
 from device_plugin.metrics_snapshot import NodeReader
 from py_vcuda.launch import SCHEDULER_DIR_KEY
@@ -81,7 +81,7 @@ def run_record(layout: NodeLayout, key: str, *, sched: Path | None, uuid: str = 
                              core_limit=50, memory_limit=GiB, tenant=key if sched else None, container=COMMAND,
                              extra={SCHEDULER_DIR_KEY: str(sched)} if sched else {})
     directory = layout.write_record(record)
-    with Ledger(directory / "ledger", create=True) as ledger:
+    with Ledger(ledger_in(directory), create=True) as ledger:
         ledger.set_limit(uuid, GiB)
     return record
 

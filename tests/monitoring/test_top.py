@@ -17,7 +17,7 @@ from monitoring.conftest import CORE, GiB, MiB, wait_for
 from monitoring.snapshots import SNAPSHOT
 from rich.console import Console
 
-from device_plugin.layout import ContainerRecord, NodeLayout
+from device_plugin.layout import ContainerRecord, NodeLayout, ledger_in
 from device_plugin.metrics_snapshot import NodeSnapshot
 from device_plugin.testing import TestPodResources
 from py_vcuda import cli, native, top
@@ -119,7 +119,7 @@ def test_once_on_a_node_names_pods_through_pod_resources(monkeypatch: pytest.Mon
     for record in (web, orphan, mps):
         directory = layout.write_record(record)
         if record.mode == "vgpu":
-            with Ledger(directory / "ledger", create=True) as ledger:
+            with Ledger(ledger_in(directory), create=True) as ledger:
                 ledger.set_limit(uuids[0], record.memory_limit)
     kubelet = TestPodResources(root / "kubelet.sock")
     kubelet.owners = {("team-w", "web-0", "server"): {CORE: list(web.device_ids)}}

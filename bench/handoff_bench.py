@@ -15,7 +15,10 @@ policy). On a 2-vCPU virtual machine the two process wake-ups of a handoff
 cost 25 to 60 us depending on where the scheduler placed the three processes,
 and a placement tends to last a whole run, so single runs swing; the pairs
 separate the scheduler's own cost (scheduler - floor) from the machine's.
-Then the Python clients' figure (bench/scheduler_bench.py handoff_latency()).
+The pairs run twice: with the processes wherever Linux puts them, then all on
+one CPU (no cross-CPU wake-up: the figure without the virtual machine's
+cross-vCPU cost). Then the Python clients' figure (bench/scheduler_bench.py
+handoff_latency()).
 """
 
 from __future__ import annotations
@@ -107,6 +110,12 @@ def python_handoff(handoffs: int) -> dict[str, float]:
             "mean_us": statistics.fmean(samples) / 1e3}
 
 
+def paired_runs(binary: Path, args: argparse.Namespace) -> list[tuple[dict[str, float], dict[str, float]]]:
+    """(floor, scheduler) results, alternating, so that both see the same machine."""
+    return [(floor_handoff(binary, args.handoffs, args.poll), c_handoff(binary, args.handoffs, args.poll))
+            for _ in range(args.runs)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--handoffs", type=int, default=5000)
@@ -124,24 +133,32 @@ def main() -> int:
               f"{args.handoffs} handoffs per run, 2 tenants 50/50 (goal p50 <= 50 us, p99 <= 200 us)")
         print("floor = the same clients through bench/handoff_floor.py (a relay with no policy): what "
               "any Python process in the middle costs here; runs alternate so both see the same machine")
-        print()
-        print("| run | floor p50 | floor p99 | scheduler p50 | scheduler p99 | scheduler - floor (p50) |")
-        print("|---|---|---|---|---|---|")
-        pairs = []
-        for run in range(1, args.runs + 1):
-            floor = floor_handoff(binary, args.handoffs, args.poll)
-            sched = c_handoff(binary, args.handoffs, args.poll)
-            pairs.append((floor, sched))
-            print(f"| {run} | {floor['p50_us']:.1f} us | {floor['p99_us']:.1f} us | {sched['p50_us']:.1f} us "
-                  f"| {sched['p99_us']:.1f} us | {sched['p50_us'] - floor['p50_us']:+.1f} us |")
-        med = statistics.median
-        print(f"| median | {med(f['p50_us'] for f, _ in pairs):.1f} us | {med(f['p99_us'] for f, _ in pairs):.1f} us "
-              f"| {med(s['p50_us'] for _, s in pairs):.1f} us | {med(s['p99_us'] for _, s in pairs):.1f} us "
-              f"| {med(s['p50_us'] - f['p50_us'] for f, s in pairs):+.1f} us |")
-        regrants = sum(s["self_grants"] for _, s in pairs)
-        if regrants:
-            print(f"\n{regrants} of {args.runs * args.handoffs} scheduler GRANTs went back to the releaser "
-                  "(policy: it was below its share); they are counted as handoffs too")
+        everywhere = os.sched_getaffinity(0)
+        layouts = [("as Linux places them", everywhere)]
+        if len(everywhere) > 1:
+            # Children inherit the affinity: daemon (or relay) and both clients on one CPU, no cross-CPU wake-up.
+            layouts.append((f"all on CPU {min(everywhere)}", {min(everywhere)}))
+        for label, cpus in layouts:
+            os.sched_setaffinity(0, cpus)
+            try:
+                pairs = paired_runs(binary, args)
+            finally:
+                os.sched_setaffinity(0, everywhere)
+            print(f"\n### processes {label}\n")
+            print("| run | floor p50 | floor p99 | scheduler p50 | scheduler p99 | scheduler - floor (p50) |")
+            print("|---|---|---|---|---|---|")
+            for run, (floor, sched) in enumerate(pairs, 1):
+                print(f"| {run} | {floor['p50_us']:.1f} us | {floor['p99_us']:.1f} us | {sched['p50_us']:.1f} us "
+                      f"| {sched['p99_us']:.1f} us | {sched['p50_us'] - floor['p50_us']:+.1f} us |")
+            med = statistics.median
+            print(f"| median | {med(f['p50_us'] for f, _ in pairs):.1f} us "
+                  f"| {med(f['p99_us'] for f, _ in pairs):.1f} us | {med(s['p50_us'] for _, s in pairs):.1f} us "
+                  f"| {med(s['p99_us'] for _, s in pairs):.1f} us "
+                  f"| {med(s['p50_us'] - f['p50_us'] for f, s in pairs):+.1f} us |")
+            regrants = sum(s["self_grants"] for _, s in pairs)
+            if regrants:
+                print(f"\n{regrants} of {args.runs * args.handoffs} scheduler GRANTs went back to the releaser "
+                      "(policy: it was below its share); they are counted as handoffs too")
         if not args.no_python:
             r = python_handoff(args.handoffs)
             print(f"\nPython clients (pyzmq DEALER, bench/scheduler_bench.py): p50 {r['p50_us']:.1f} us, "

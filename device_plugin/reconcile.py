@@ -30,7 +30,7 @@ from device_plugin.containers import ContainerStore
 from device_plugin.layout import ContainerRecord
 from device_plugin.podresources import DeviceKey, PodRef, PodResourcesError
 from device_plugin.quota import QuotaError, quota
-from device_plugin.schedulers import SchedulerError, TokenScheduler
+from device_plugin.schedulers import SchedulerError, TokenScheduler, remove_tenant
 from scheduler_extender import assignment
 from scheduler_extender.names import Names
 
@@ -136,13 +136,7 @@ class Reconciler:
     def remove(self, record: ContainerRecord, why: str) -> None:
         log.info("cleaning up container %s (%s/%s:%s): %s", record.key, record.namespace, record.pod,
                  record.container, why)
-        if record.tenant:
-            scheduler = self.schedulers.get(record.gpus[0])
-            try:
-                if scheduler is not None:
-                    scheduler.remove(record.tenant)
-            except SchedulerError as exc:
-                log.warning("removing tenant %s: %s (its directory goes anyway)", record.tenant, exc)
+        remove_tenant(self.schedulers, record)
         self.store.remove(record.key)
         self._missing_since.pop(record.key, None)
 

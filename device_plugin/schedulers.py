@@ -15,13 +15,13 @@ import logging
 import os
 import subprocess
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import device_plugin
 import token_scheduler
 from device_plugin import lifeline
-from device_plugin.layout import NodeLayout, gpu_key
+from device_plugin.layout import ContainerRecord, NodeLayout, gpu_key
 from token_scheduler.admin_client import AdminClient
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,19 @@ def child_env() -> dict[str, str]:
     roots = dict.fromkeys(str(Path(m.__file__).resolve().parents[1]) for m in (token_scheduler, device_plugin))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*roots, env.get("PYTHONPATH")]))
     return env
+
+
+def remove_tenant(schedulers: Mapping[str, TokenScheduler], record: ContainerRecord) -> None:
+    """Take a container's tenant off its GPU's scheduler. A refusal is only logged: the container is
+    going away either way, and a scheduler that forgot the tenant (restarted) has nothing to remove."""
+    if not record.tenant:
+        return
+    scheduler = schedulers.get(record.gpus[0])
+    try:
+        if scheduler is not None:
+            scheduler.remove(record.tenant)
+    except SchedulerError as exc:
+        log.warning("removing tenant %s of container %s: %s", record.tenant, record.key, exc)
 
 
 class TokenScheduler:

@@ -40,7 +40,7 @@ from device_plugin.inventory import Health, Inventory, best_set, logical_devices
 from device_plugin.kubelet import AllocationError
 from device_plugin.layout import ContainerRecord
 from device_plugin.quota import QuotaError, quota
-from device_plugin.schedulers import SchedulerError, TokenScheduler
+from device_plugin.schedulers import SchedulerError, TokenScheduler, remove_tenant
 from py_vcuda.nvml import GPUInfo
 from scheduler_extender.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
 
@@ -245,14 +245,9 @@ class CorePlugin:
             record = ctx.store.newest(device_ids)
             if record is None:
                 return
-            if record.tenant and not any(r.tenant == record.tenant and r.key != record.key
-                                         for r in ctx.store.records()):
-                scheduler = ctx.schedulers.get(record.gpus[0])
-                try:
-                    if scheduler is not None:
-                        scheduler.remove(record.tenant)
-                except SchedulerError as exc:
-                    log.warning("rolling back tenant %s: %s", record.tenant, exc)
+            # A tenant taken over from an init container stays with the record that still has it.
+            if not any(r.tenant == record.tenant and r.key != record.key for r in ctx.store.records()):
+                remove_tenant(ctx.schedulers, record)
             ctx.store.remove(record.key)
 
     def _identify(self, cores: dict[str, int], count: int, single: bool,

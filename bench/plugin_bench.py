@@ -43,10 +43,11 @@ from device_plugin.api import deviceplugin_v1beta1_pb2 as pb  # noqa: E402
 from device_plugin.config import resolve  # noqa: E402
 from device_plugin.inventory import Inventory  # noqa: E402
 from device_plugin.pods import StaticPods  # noqa: E402
-from device_plugin.testing import FakeKubeAPI, TestKubelet  # noqa: E402
+from device_plugin.testing import TestKubelet  # noqa: E402
 from py_vcuda import native  # noqa: E402
 from py_vcuda.nvml import GPUInfo  # noqa: E402
 from py_vcuda.sim import GiB, SimConfig  # noqa: E402
+from scheduler_extender.testing import FakeApiServer  # noqa: E402
 
 NODE = "bench-node"
 CORE = "tencent.com/vcuda-core"
@@ -152,9 +153,10 @@ def plugin_memory(root: Path, containers: int) -> tuple[int, int, int, int]:
     kubelet = TestKubelet(root / "dp")
     kubelet.start()
     cores, pods = workload(containers)
-    api = FakeKubeAPI()
+    api = FakeApiServer()
     api.add_node(NODE)
-    api.pods = pods
+    for p in pods:
+        api.put("pods", p)
     sim = SimConfig(state_path=root / "sim", devices=GPUS, memory=16 * GiB)
     env = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_")}
     env.update(sim.env(), PYTHONPATH=str(REPO))

@@ -8,27 +8,19 @@ ListAndWatch stream open; callers then drive the plugin over its real socket
 with the messages kubelet sends. `restart()` does what a kubelet restart
 does: plugin sockets are wiped and kubelet.sock is re-created.
 
-`FakeKubeAPI` is just enough of the Kubernetes API server for the agent: list
-and watch the pods of a node, patch a Node's annotations (merge patch).
-
-Used by tests/device_plugin and bench/plugin_bench.py.
+Used by tests/device_plugin and bench/plugin_bench.py, with the fake Kubernetes
+API server scheduler_extender.testing.FakeApiServer.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import json
-import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
 
 import grpc
 
@@ -172,150 +164,3 @@ class TestPodResources(prpb_grpc.PodResourcesListerServicer):
 
     def stop(self) -> None:
         self.server.stop(grace=0).wait()
-
-
-class FakeKubeAPI:
-    """A Kubernetes API server on 127.0.0.1 with `pods` and `nodes` (name -> object, raw JSON).
-
-    Serves GET /api/v1/pods (list; ``watch=true`` holds the stream open without
-    events for at most `max_watch_s`, as a quiet server does), GET and PATCH
-    /api/v1/nodes/NAME (``application/merge-patch+json``, metadata annotations
-    and labels). ``fail_requests`` answers that many requests with 503 first;
-    ``requests`` records (method, path).
-    """
-
-    __test__ = False
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.pods: list[dict[str, Any]] = []
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.requests: list[tuple[str, str]] = []
-        self.fail_requests = 0
-        self.max_watch_s = 1.0
-        self._closed = threading.Event()
-        handler = type("Handler", (_KubeHandler,), {"api": self})
-        self.httpd = _QuietServer(("127.0.0.1", 0), handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), name="fake-kube-api", daemon=True).start()
-
-    def add_node(self, name: str) -> None:
-        with self.lock:
-            self.nodes[name] = {"kind": "Node", "apiVersion": "v1",
-                                "metadata": {"name": name, "annotations": {}, "labels": {}}}
-
-    def annotations(self, node: str) -> dict[str, str]:
-        with self.lock:
-            return dict(self.nodes[node]["metadata"].get("annotations") or {})
-
-    def kubeconfig(self, path: Path) -> Path:
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "test"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}]}))
-        return path
-
-    def close(self) -> None:
-        self._closed.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-class _QuietServer(ThreadingHTTPServer):
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if not isinstance(sys.exc_info()[1], ConnectionError):   # a client that went away is no error here
-            super().handle_error(request, client_address)
-
-
-class _KubeHandler(BaseHTTPRequestHandler):
-    api: FakeKubeAPI
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        pass
-
-    def _send(self, code: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _status(self, code: int, reason: str, message: str) -> None:
-        self._send(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
-                          "reason": reason, "code": code})
-
-    def _failing(self) -> bool:
-        api = self.api
-        with api.lock:
-            api.requests.append((self.command, self.path))
-            if api.fail_requests <= 0:
-                return False
-            api.fail_requests -= 1
-        self._status(503, "ServiceUnavailable", "the fake API server is unavailable on purpose")
-        return True
-
-    def do_GET(self) -> None:  # noqa: N802
-        if self._failing():
-            return
-        url = urlparse(self.path)
-        query = {k: v[0] for k, v in parse_qs(url.query).items()}
-        parts = url.path.strip("/").split("/")
-        api = self.api
-        if url.path == "/api/v1/pods":
-            if query.get("watch") == "true":
-                self._quiet_watch(min(float(query.get("timeoutSeconds") or 1), api.max_watch_s))
-                return
-            node = query.get("fieldSelector", "").removeprefix("spec.nodeName=")
-            with api.lock:
-                items = [copy.deepcopy(p) for p in api.pods if not node or p["spec"].get("nodeName") == node]
-            self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"},
-                             "items": items})
-            return
-        if len(parts) == 4 and parts[2] == "nodes":
-            with api.lock:
-                node = copy.deepcopy(api.nodes.get(parts[3]))
-            if node is None:
-                self._status(404, "NotFound", f'nodes "{parts[3]}" not found')
-            else:
-                self._send(200, node)
-            return
-        self._status(404, "NotFound", "no route")
-
-    def _quiet_watch(self, seconds: float) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.close_connection = True
-        self.api._closed.wait(seconds)
-        with contextlib.suppress(OSError):   # the client may have gone already
-            self.wfile.write(b"0\r\n\r\n")
-
-    def do_PATCH(self) -> None:  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        if self._failing():
-            return
-        parts = urlparse(self.path).path.strip("/").split("/")
-        if self.headers["Content-Type"] != "application/merge-patch+json":
-            self._status(415, "UnsupportedMediaType", str(self.headers["Content-Type"]))
-            return
-        if len(parts) != 4 or parts[2] != "nodes":
-            self._status(404, "NotFound", "no route")
-            return
-        api = self.api
-        with api.lock:
-            node = api.nodes.get(parts[3])
-            if node is not None:
-                meta = body.get("metadata") or {}
-                for section in ("annotations", "labels"):
-                    node["metadata"].setdefault(section, {}).update(meta.get(section) or {})
-                node = copy.deepcopy(node)
-        if node is None:
-            self._status(404, "NotFound", f'nodes "{parts[3]}" not found')
-        else:
-            self._send(200, node)

@@ -1,12 +1,37 @@
-"""Scenario builders for tests and the benchmark: nodes, topologies and pods as JSON.
+"""Test doubles for tests and the benchmarks, importable outside pytest.
 
-Shapes match what the API server and kube-scheduler send (camelCase pod/node JSON).
+Scenario builders: nodes, topologies and pods as JSON, in the shapes the API server and
+kube-scheduler send (camelCase pod/node JSON).
+
+`FakeApiServer`: just enough of the Kubernetes API server, on 127.0.0.1, for the extender
+(scheduler_extender.kube) and the device plugin agent (device_plugin.pods, node_topology):
+
+- GET /api/v1/nodes and /api/v1/pods: a list, or with ``watch=true`` a chunked stream of
+  newline-delimited events after ``resourceVersion`` that ends after ``timeoutSeconds``,
+  capped at `max_watch_s` (a quiet watch just stays open that long); ``fieldSelector``
+  (``spec.nodeName=NAME``; any dotted field, terms ANDed) filters both.
+- GET and PATCH /api/v1/nodes/NAME and /api/v1/namespaces/NS/pods/NAME: PATCH takes only
+  ``application/merge-patch+json`` and merges metadata annotations and labels (null
+  deletes), after a ``metadata.uid`` precondition when the patch carries one.
+- POST /api/v1/namespaces/NS/pods/NAME/binding sets ``spec.nodeName`` once.
+
+Every write becomes a watch event. Injection knobs: ``fail_requests`` answers that many
+next requests (any route) with 503; ``fail_bind`` (a message) fails every binding with 500;
+``gone`` answers that many next watches with 410 Gone. ``requests`` records every request.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
-from typing import Any
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, NamedTuple
+from urllib.parse import parse_qs, urlparse
 
 from .assignment import Assignment
 from .assignment import encode as encode_assignment
@@ -91,3 +116,259 @@ def pod_json(name: str, containers: list[tuple[int, int]] | None = None, *,
         "spec": spec,
         "status": {"phase": phase},
     }
+
+
+class Request(NamedTuple):
+    """One request the fake API server received; ``body`` is the parsed JSON, None without one."""
+
+    method: str
+    path: str
+    content_type: str | None
+    body: Any
+
+
+class FakeApiServer:
+    """The fake API server (see the module docstring): ``objects[kind][key]`` holds the nodes
+    (key: name) and pods (key: ``namespace/name``) as raw JSON; ``events[kind]`` every change
+    as (resourceVersion, type, object). Hold ``lock`` to read them while it serves."""
+
+    def __init__(self, max_watch_s: float = 1.0) -> None:
+        self.lock = threading.Condition()
+        self.rv = 100
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {"nodes": {}, "pods": {}}
+        self.events: dict[str, list[tuple[int, str, dict[str, Any]]]] = {"nodes": [], "pods": []}
+        self.requests: list[Request] = []
+        self.fail_requests = 0
+        self.fail_bind: str | None = None
+        self.gone = 0
+        self.max_watch_s = max_watch_s
+        self.closed = False
+        handler = type("Handler", (_Handler,), {"api": self})
+        self.httpd = _QuietServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), name="fake-api-server", daemon=True).start()
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.lock.notify_all()   # ends the open watches
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def kubeconfig(self, path: Path) -> Path:
+        """Write a kubeconfig for this server to ``path``; returns it."""
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": "test"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}]}))
+        return path
+
+    def put(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store (add or replace) a copy of ``obj`` with the next resourceVersion; returns the copy."""
+        with self.lock:
+            self.rv += 1
+            obj = copy.deepcopy(obj)
+            meta = obj["metadata"]
+            meta["resourceVersion"] = str(self.rv)
+            key = meta["name"] if kind == "nodes" else f"{meta['namespace']}/{meta['name']}"
+            event = "MODIFIED" if key in self.objects[kind] else "ADDED"
+            self.objects[kind][key] = obj
+            self.events[kind].append((self.rv, event, copy.deepcopy(obj)))
+            self.lock.notify_all()
+            return obj
+
+    def add_node(self, name: str) -> dict[str, Any]:
+        """A bare Node (no status), enough to be patched."""
+        return self.put("nodes", {"kind": "Node", "apiVersion": "v1",
+                                  "metadata": {"name": name, "annotations": {}, "labels": {}}})
+
+    def get(self, kind: str, key: str) -> dict[str, Any] | None:
+        """A copy of the stored object, or None."""
+        with self.lock:
+            return copy.deepcopy(self.objects[kind].get(key))
+
+    def delete(self, kind: str, key: str) -> None:
+        with self.lock:
+            obj = self.objects[kind].pop(key)
+            self.rv += 1
+            self.events[kind].append((self.rv, "DELETED", obj))
+            self.lock.notify_all()
+
+
+def _route(path: str) -> tuple[str, str | None, str | None] | None:
+    """(kind, key or None for the collection, subresource or None) of an API path; None: no route."""
+    match path.strip("/").split("/"):
+        case ["api", "v1", ("nodes" | "pods") as kind]:
+            return kind, None, None
+        case ["api", "v1", "nodes", name]:
+            return "nodes", name, None
+        case ["api", "v1", "namespaces", namespace, "pods", name]:
+            return "pods", f"{namespace}/{name}", None
+        case ["api", "v1", "namespaces", namespace, "pods", name, sub]:
+            return "pods", f"{namespace}/{name}", sub
+    return None
+
+
+def _selected(obj: dict[str, Any], field_selector: str) -> bool:
+    """Whether ``obj`` matches a field selector of ``dotted.field=value`` terms, ANDed."""
+    for term in filter(None, field_selector.split(",")):
+        field_path, _, want = term.partition("=")
+        value: Any = obj
+        for part in field_path.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if (value or "") != want:
+            return False
+    return True
+
+
+def _merge(metadata: dict[str, Any], patch: dict[str, Any]) -> None:
+    """A JSON merge patch of the annotations and labels in ``patch`` into ``metadata``."""
+    for section in ("annotations", "labels"):
+        merged = metadata.get(section) or {}
+        for k, v in (patch.get(section) or {}).items():
+            if v is None:
+                merged.pop(k, None)
+            else:
+                merged[k] = v
+        metadata[section] = merged
+
+
+Response = tuple[int, dict[str, Any]]
+
+
+def _failure(code: int, reason: str, message: str) -> Response:
+    return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+                  "reason": reason, "code": code}
+
+
+def _not_found(kind: str, key: str) -> Response:
+    return _failure(404, "NotFound", f'{kind} "{key.rpartition("/")[2]}" not found')
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):   # a client that went away is no error here
+            super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Records the request, applies `fail_requests`, then routes; the routes compute a
+    `Response` under the server's lock and it is sent after (a watch streams instead)."""
+
+    api: FakeApiServer
+    protocol_version = "HTTP/1.1"  # watches stream chunked, like the real API server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+    def _handle(self) -> None:
+        api = self.api
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else None
+        content_type = self.headers.get("Content-Type")
+        url = urlparse(self.path)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        selector = query.get("fieldSelector", "")
+        with api.lock:
+            api.requests.append(Request(self.command, self.path, content_type, body))
+            failing = api.fail_requests > 0
+            api.fail_requests -= failing
+        match failing, self.command, _route(url.path):
+            case True, _, _:
+                response = _failure(503, "ServiceUnavailable", "the fake API server is unavailable on purpose")
+            case _, "GET", (kind, None, None) if query.get("watch") == "true":
+                self._watch(kind, selector, int(query.get("resourceVersion") or 0),
+                            min(float(query.get("timeoutSeconds") or 1), api.max_watch_s))
+                return
+            case _, "GET", (kind, None, None):
+                response = self._list(kind, selector)
+            case _, "GET", (kind, str(key), None):
+                obj = api.get(kind, key)
+                response = _not_found(kind, key) if obj is None else (200, obj)
+            case _, "PATCH", (kind, str(key), None):
+                response = self._patch(kind, key, content_type, body or {})
+            case _, "POST", ("pods", str(key), "binding"):
+                response = self._bind(key, body or {})
+            case _:
+                response = _failure(404, "NotFound", "no route")
+        data = json.dumps(response[1]).encode()
+        self.send_response(response[0])
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_PATCH = do_POST = _handle
+
+    def _list(self, kind: str, selector: str) -> Response:
+        with self.api.lock:
+            items = [copy.deepcopy(o) for o in self.api.objects[kind].values() if _selected(o, selector)]
+            rv = self.api.rv
+        return 200, {"kind": "NodeList" if kind == "nodes" else "PodList", "apiVersion": "v1",
+                     "metadata": {"resourceVersion": str(rv)}, "items": items}
+
+    def _patch(self, kind: str, key: str, content_type: str | None, body: dict[str, Any]) -> Response:
+        if content_type != "application/merge-patch+json":
+            return _failure(415, "UnsupportedMediaType", str(content_type))
+        meta = body.get("metadata") or {}
+        with self.api.lock:
+            obj = self.api.get(kind, key)
+            if obj is None:
+                return _not_found(kind, key)
+            if meta.get("uid") and meta["uid"] != obj["metadata"].get("uid"):
+                return _failure(409, "Conflict", "Precondition failed: UID mismatch")
+            _merge(obj["metadata"], meta)
+            return 200, self.api.put(kind, obj)
+
+    def _bind(self, key: str, body: dict[str, Any]) -> Response:
+        with self.api.lock:
+            if self.api.fail_bind:
+                return _failure(500, "InternalError", self.api.fail_bind)
+            pod = self.api.get("pods", key)
+            if pod is None:
+                return _not_found("pods", key)
+            if pod["spec"].get("nodeName"):
+                return _failure(409, "Conflict", f"pod {key.rpartition('/')[2]} is already assigned")
+            pod["spec"]["nodeName"] = body["target"]["name"]
+            self.api.put("pods", pod)
+        return 201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+
+    def _watch(self, kind: str, selector: str, since: int, seconds: float) -> None:
+        """Stream the events after ``since`` for ``seconds`` (410 Gone instead while `gone`)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        api = self.api
+        try:
+            with api.lock:
+                gone = api.gone > 0
+                api.gone -= gone
+            if gone:
+                self._chunk(json.dumps({"type": "ERROR", "object": {
+                    "kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}}).encode() + b"\n")
+                return
+            deadline = time.monotonic() + seconds
+            while True:
+                with api.lock:
+                    pending = [e for e in api.events[kind] if e[0] > since]
+                    if not pending:
+                        left = deadline - time.monotonic()
+                        if left <= 0 or api.closed:
+                            return
+                        api.lock.wait(left)
+                        continue
+                since = pending[-1][0]
+                for _, event, obj in pending:
+                    if _selected(obj, selector):
+                        self._chunk(json.dumps({"type": event, "object": obj}).encode() + b"\n")
+        finally:
+            self._chunk(b"")
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()

@@ -10,24 +10,24 @@ import pytest
 
 from device_plugin.inventory import Inventory
 from device_plugin.node_topology import KubeNode, encode
-from device_plugin.testing import FakeKubeAPI
 from py_vcuda.sim import GiB, SimConfig
 from scheduler_extender import topology
 from scheduler_extender.names import Names
 from scheduler_extender.state import ClusterState
+from scheduler_extender.testing import FakeApiServer
 
 KEY = "vcuda.io/gpu-topology"
 
 
 @pytest.fixture
-def api(dp) -> Iterator[FakeKubeAPI]:
-    server = FakeKubeAPI()
+def api(dp) -> Iterator[FakeApiServer]:
+    server = FakeApiServer()
     server.add_node(dp.NODE)
     yield server
     server.close()
 
 
-def core_api(api: FakeKubeAPI):  # type: ignore[no-untyped-def]
+def core_api(api: FakeApiServer):  # type: ignore[no-untyped-def]
     from kubernetes import client
 
     cfg = client.Configuration()
@@ -50,11 +50,10 @@ def test_agent_publishes_after_the_api_server_recovers(agent_factory, kubelet, d
     agent = agent_factory("vgpu", gpus=2, annotate_node=KubeNode(core_api(api), dp.NODE).annotate)
     assert len(kubelet.latest_devices("tencent.com/vcuda-core")) == 200
     assert agent.topology is not None and agent.topology.published.wait(60)
-    patches = [r for r in api.requests if r[0] == "PATCH"]
-    assert len(patches) == 3 and all(path == f"/api/v1/nodes/{dp.NODE}" for _, path in patches)
+    patches = [r for r in api.requests if r.method == "PATCH"]
+    assert len(patches) == 3 and all(r.path == f"/api/v1/nodes/{dp.NODE}" for r in patches)
     state = ClusterState(Names())
-    with api.lock:
-        state.observe_node(api.nodes[dp.NODE])   # what the extender's node watch would see
+    state.observe_node(api.get("nodes", dp.NODE))   # what the extender's node watch would see
     node = state.node(dp.NODE)
     assert node is not None and [g.uuid for g in node.gpus] == [dp.gpu(0).uuid, dp.gpu(1).uuid]
 
@@ -70,15 +69,16 @@ def test_real_agent_process_uses_the_api_server(kubelet, short_dir, dp, api):
     GPUs, and the topology annotation appears on the Node."""
     sim = SimConfig(state_path=short_dir / "sim", devices=2, memory=2 * GiB, nvlink=[(0, 1)])
     uuid = dp.gpu(0).uuid
-    api.pods = [dp.pod("app", cores=30, annotations={
-        "vcuda.io/gpu-assignment": dp.assignment_annotation("main", uuid, 30)})]
+    api.put("pods", dp.pod("app", cores=30, annotations={
+        "vcuda.io/gpu-assignment": dp.assignment_annotation("main", uuid, 30)}))
     proc = dp.spawn_plugin(short_dir, sim, "--mode", "vgpu", "--kubeconfig",
                            str(api.kubeconfig(short_dir / "kubeconfig")))
     try:
         kubelet.latest_devices("tencent.com/vcuda-core")
         resp = kubelet.allocate("tencent.com/vcuda-core", [f"{uuid}::{i}" for i in range(30)])
         assert resp.container_responses[0].envs["VCUDA_CORE_REQUEST"] == "30"
-        published = dp.wait_for(lambda: api.annotations(dp.NODE).get(KEY), what="topology annotation")
+        published = dp.wait_for(lambda: api.get("nodes", dp.NODE)["metadata"]["annotations"].get(KEY),
+                                 what="topology annotation")
         topo = topology.decode(published)
         assert [g.uuid for g in topo.gpus] == [dp.gpu(0).uuid, dp.gpu(1).uuid] and topo.links(0, 1) == 1
     finally:

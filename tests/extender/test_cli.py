@@ -49,12 +49,7 @@ def free_port() -> int:
 
 def test_serves_and_stops_on_sigterm(fake_api, tmp_path: Path) -> None:
     fake_api.put("nodes", node_json("gpu-a", topology("gpu-a", 1)))
-    kubeconfig = tmp_path / "config"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "t",
-        "clusters": [{"name": "t", "cluster": {"server": fake_api.url}}],
-        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
-        "users": [{"name": "t", "user": {"token": "x"}}]}))
+    kubeconfig = fake_api.kubeconfig(tmp_path / "config")
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "scheduler_extender", "--listen",

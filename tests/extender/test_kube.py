@@ -70,12 +70,12 @@ def test_list_then_watch_nodes_and_pods(synced) -> None:
 
 def test_watch_410_relists(synced) -> None:
     fake, state, _ = synced
-    lists_before = sum(1 for m, p, _ in fake.requests if m == "GET" and "watch" not in p)
+    lists_before = sum(1 for r in fake.requests if r.method == "GET" and "watch" not in r.path)
     fake.gone = 2
     wait_for(lambda: fake.gone == 0, timeout=5)  # current watches end within 1 s
     fake.put("nodes", node_json("gpu-z", topology("gpu-z", 1)))
     wait_for(lambda: "gpu-z" in state.node_names())
-    lists_after = sum(1 for m, p, _ in fake.requests if m == "GET" and "watch" not in p)
+    lists_after = sum(1 for r in fake.requests if r.method == "GET" and "watch" not in r.path)
     assert lists_after >= lists_before + 2
 
 
@@ -84,16 +84,16 @@ def test_binder_patches_then_binds(fake_api) -> None:
     binder = KubeBinder(core_api(fake_api.url))
     assert binder.get_pod("ml", "p")["metadata"]["uid"] == "u1"
     binder.bind("ml", "p", "u1", "gpu-a", {N.assignment: "x"})
-    stored = fake_api.pod("ml", "p")
+    stored = fake_api.get("pods", "ml/p")
     assert stored["metadata"]["annotations"][N.assignment] == "x"
     assert stored["spec"]["nodeName"] == "gpu-a"
-    patch = next(r for r in fake_api.requests if r[0] == "PATCH")
-    assert patch[2] == ("application/merge-patch+json",
-                        {"metadata": {"annotations": {N.assignment: "x"}, "uid": "u1"}})
-    post = next(r for r in fake_api.requests if r[0] == "POST")
-    assert post[1] == "/api/v1/namespaces/ml/pods/p/binding"
-    assert post[2]["target"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-a"}
-    assert post[2]["metadata"]["uid"] == "u1"
+    patch = next(r for r in fake_api.requests if r.method == "PATCH")
+    assert (patch.content_type, patch.body) == ("application/merge-patch+json",
+                                                {"metadata": {"annotations": {N.assignment: "x"}, "uid": "u1"}})
+    post = next(r for r in fake_api.requests if r.method == "POST")
+    assert post.path == "/api/v1/namespaces/ml/pods/p/binding"
+    assert post.body["target"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-a"}
+    assert post.body["metadata"]["uid"] == "u1"
     assert pod["metadata"]["uid"] == "u1"
 
 
@@ -138,7 +138,7 @@ def test_end_to_end_bind_is_confirmed_by_watch(stack) -> None:
     fake, state, http = stack
     pod = fake.put("pods", pod_json("train", [(30, 8)], namespace="ml"))
     assert schedule(fake, http, pod, ["gpu-a", "cpu-1"]) == ""
-    stored = fake.pod("ml", "train")
+    stored = fake.get("pods", "ml/train")
     a = decode(stored["metadata"]["annotations"][N.assignment])
     assert a.node == stored["spec"]["nodeName"] == "gpu-a"
     assert a.containers[0].gpus[0].cores == 30 and a.containers[0].gpus[0].memory == 2 << 30
@@ -164,8 +164,9 @@ def test_concurrent_pods_never_overcommit(stack) -> None:
     assert all("cores free" in e for e in errors if e)
     per_gpu: dict[str, int] = {}
     for i in range(16):
-        ann = (fake.pod("ml", f"p{i}")["metadata"].get("annotations") or {}).get(N.assignment)
-        if ann and fake.pod("ml", f"p{i}")["spec"].get("nodeName"):
+        stored = fake.get("pods", f"ml/p{i}")
+        ann = (stored["metadata"].get("annotations") or {}).get(N.assignment)
+        if ann and stored["spec"].get("nodeName"):
             for g in decode(ann).containers[0].gpus:
                 per_gpu[g.uuid] = per_gpu.get(g.uuid, 0) + g.cores
     assert per_gpu == {"GPU-gpu-a-0": 90, "GPU-gpu-a-1": 90}

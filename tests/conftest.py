@@ -1,4 +1,4 @@
-"""Shared fixtures: where the native libraries are, and a C compiler for test programs."""
+"""Shared fixtures: where the native libraries are, a C compiler for test programs, short socket dirs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import hashlib
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,14 @@ C_TESTS = REPO / "tests" / "c"
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"vcuda native libraries: {native.lib_dir()}"]
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short directory for unix sockets (their paths are limited to 107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="vc", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

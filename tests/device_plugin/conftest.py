@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,14 +23,6 @@ from py_vcuda.sim import GiB, SimConfig
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "node-1"
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A short directory for unix sockets (107-byte limit)."""
-    path = Path(tempfile.mkdtemp(prefix="vc", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -3,8 +3,6 @@ are limited to 107 bytes)."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,13 +15,6 @@ from token_scheduler.testing import AdminClient, daemon_thread
 
 DAEMON_CFG = PolicyConfig(window_ns=1 * SECOND, quantum_min_ns=1 * MS, quantum_max_ns=10 * MS,
                           grace_ns=5 * MS)
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ts-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -105,7 +105,13 @@
     X(cuStreamGetCtx, (CUstream stream, CUcontext *pctx))                                          \
     X(cuDeviceGetUuid_v2, (CUuuid *uuid, CUdevice dev))                                            \
     X(cuDeviceGetUuid, (CUuuid *uuid, CUdevice dev))                                               \
-    X(cuCtxSynchronize, (void))
+    X(cuCtxSynchronize, (void))                                                                    \
+    X(cuEventCreate, (CUevent *event, unsigned int flags))                                         \
+    X(cuEventRecord, (CUevent event, CUstream stream))                                             \
+    X(cuEventQuery, (CUevent event))                                                               \
+    X(cuEventSynchronize, (CUevent event))                                                         \
+    X(cuEventElapsedTime, (float *ms, CUevent start, CUevent end))                                 \
+    X(cuEventDestroy_v2, (CUevent event))
 
 #define VCUDA_NVML_USED(X)                                                                         \
     X(nvmlInit_v2, (void))                                                                         \

@@ -184,9 +184,9 @@ def test_dead_waiter_is_skipped(admin: AdminClient, zctx: zmq.Context) -> None:
 def test_live_update_and_remove(admin: AdminClient, zctx: zmq.Context) -> None:
     endpoint = add(admin, "a", 10, 10)
     reply = admin.call("update", tenant="a", request=30)
-    assert reply == {"ok": True, "tenant": "a", "request": 30, "limit": 30}
+    assert reply == {"ok": True, "tenant": "a", "request": 30, "limit": 30, "priority": "normal"}
     assert admin.call("list")["tenants"] == [
-        {"tenant": "a", "request": 30, "limit": 30, "endpoint": endpoint}]
+        {"tenant": "a", "request": 30, "limit": 30, "priority": "normal", "endpoint": endpoint}]
     client = TenantClient(endpoint, zctx)
     client.acquire()
     assert admin.call("remove", tenant="a")["ok"]

@@ -96,8 +96,8 @@ class Daemon:
         self._admin: zmq.Socket | None = None
         self._admin_fd = -1
         self.idle_poll_ms = IDLE_POLL_MS
-        # The in-flight budget each client was last told, by (tenant, routing id).
-        self._told_budget: dict[tuple[str, bytes], int] = {}
+        # The (budget, idle) each client was last told in a BUDGET frame, by (tenant, routing id).
+        self._told_budget: dict[tuple[str, bytes], tuple[int, int]] = {}
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -295,11 +295,11 @@ class Daemon:
     def _send_grant(
         self, endpoint: Endpoint, client: bytes, lease_id: int, quantum_ns: int, seq: int
     ) -> bool:
-        budget = self.policy.budget_ns
+        budget = (self.policy.budget_ns(endpoint.name), self.policy.idle_ns(endpoint.name))
         key = (endpoint.name, client)
         if self._told_budget.get(key) != budget:
             self._told_budget[key] = budget
-            self._send(endpoint, client, wire.encode_budget(seq, budget // 1000))
+            self._send(endpoint, client, wire.encode_budget(seq, budget[0] // 1000, budget[1] // 1000))
         frame = wire.encode_grant(seq, lease_id, quantum_ns // 1000,
                                   self.policy.config.grace_ns // 1000)
         return self._send(endpoint, client, frame)
@@ -326,10 +326,11 @@ class Daemon:
         if lease is None:
             return
         key = (lease.tenant, lease.client)
-        if self._told_budget.get(key, self.policy.budget_ns) != self.policy.budget_ns:
-            self._told_budget[key] = self.policy.budget_ns
+        budget = (self.policy.budget_ns(lease.tenant), self.policy.idle_ns(lease.tenant))
+        if self._told_budget.get(key, budget) != budget:
+            self._told_budget[key] = budget
             self._send(self._endpoints[lease.tenant], lease.client,
-                       wire.encode_budget(0, self.policy.budget_ns // 1000))
+                       wire.encode_budget(0, budget[0] // 1000, budget[1] // 1000))
 
     # --- admin ---------------------------------------------------------------------
 
@@ -376,7 +377,7 @@ class Daemon:
             self.policy.remove_tenant(name)
             self._close_endpoint(name)
             raise
-        self._tell_holder_budget()  # a `high` tenant shrinks everyone's budget
+        self._tell_holder_budget()  # a `high` tenant shrinks the others' budgets
         log.info("tenant %s added: request %d%% limit %d%% priority %s", name, request, limit,
                  priority)
         return {"tenant": name, "endpoint": endpoint.url, "socket": str(endpoint.path)}

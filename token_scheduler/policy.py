@@ -16,8 +16,9 @@ Rules (DESIGN.md, token_scheduler):
   holder's lease at once (`preempt`); the holder has its in-flight budget
   plus a grace to release before the lease is reclaimed;
 - every holder keeps its launched-but-unfinished work under the in-flight
-  budget (`budget_ns`): small while a `high` tenant is registered, so that
-  revocation waits milliseconds.
+  budget (`budget_ns`): small while a `high` tenant it could keep waiting is
+  registered, so that a revocation, or a `high` tenant queued behind another,
+  waits milliseconds.
 """
 
 from __future__ import annotations
@@ -65,6 +66,11 @@ class PolicyConfig:
     budget_ns: int = 10 * MS
     budget_high_ns: int = 1 * MS
     revoke_grace_ns: int = 5 * MS  # past the budget, a revoked lease is reclaimed
+    # How long a holder whose work completed waits for its next launch before it gives the
+    # token back. Short for `high` tenants: others wait meanwhile, and the `high` tenant gets
+    # the token back within its budget when it needs it again.
+    idle_ns: int = 1 * MS
+    idle_high_ns: int = 200_000
     max_waiting_per_tenant: int = 1024
     wait_samples: int = 4096  # recent waits kept per tenant for percentiles
     expired_memory: int = 64  # recently expired leases kept per tenant for late releases
@@ -76,7 +82,7 @@ class PolicyConfig:
             raise ValueError("need 0 < quantum_min <= quantum_max")
         if self.quantum_max_ns > self.window_ns:
             raise ValueError("quantum_max must not exceed the window")
-        if self.grace_ns < 0 or self.revoke_grace_ns < 0:
+        if self.grace_ns < 0 or self.revoke_grace_ns < 0 or self.idle_ns < 0 or self.idle_high_ns < 0:
             raise ValueError("grace must be >= 0")
         if not 0 < self.budget_high_ns <= self.budget_ns:
             raise ValueError("need 0 < budget-high <= budget")
@@ -273,7 +279,6 @@ class Policy:
         self._next_lease = 1
         self._recheck_at: int | None = None  # when a tenant blocked at its limit may run
         self._high: dict[str, Tenant] = {}  # the `high` tenants, checked on every dispatch
-        self.budget_ns = config.normal_budget_ns  # in force now; see _update_budget
 
     # --- tenants ------------------------------------------------------------
 
@@ -306,10 +311,20 @@ class Policy:
         self._update_budget()
 
     def _update_budget(self) -> None:
-        """Small budget while a `high` tenant shares the GPU with anyone (its revocations wait for it)."""
         self._high = {t.name: t for t in self.tenants.values() if t.priority == HIGH}
-        shared = self._high and len(self.tenants) > 1
-        self.budget_ns = self.config.budget_high_ns if shared else self.config.normal_budget_ns
+
+    def budget_ns(self, tenant_name: str) -> int:
+        """In-flight budget of the tenant's holders: small while a `high` tenant could
+        wait for their work (any other `high` tenant: a `normal` holder is revoked for
+        it, a `high` holder is queued behind), else the normal budget."""
+        tenant = self.tenants.get(tenant_name)
+        own = 1 if tenant is not None and tenant.priority == HIGH else 0
+        return self.config.budget_high_ns if len(self._high) > own else self.config.normal_budget_ns
+
+    def idle_ns(self, tenant_name: str) -> int:
+        """How long the tenant's holders wait for their next launch before releasing."""
+        tenant = self.tenants.get(tenant_name)
+        return self.config.idle_high_ns if tenant is not None and tenant.priority == HIGH else self.config.idle_ns
 
     def _tenant(self, name: str) -> Tenant:
         tenant = self.tenants.get(name)
@@ -469,10 +484,8 @@ class Policy:
             deficit = tenant.request * span // 100 - used
             # Below request first (`high` before `normal`), largest deficit first; then the
             # least used, whatever its class: priority orders guarantees, it never buys time.
-            if deficit > 0:
-                key = (0 if tenant.priority == HIGH else 1, -deficit, oldest)
-            else:
-                key = (2, used, oldest)
+            tier = (0 if tenant.priority == HIGH else 1) if deficit > 0 else 2
+            key = (tier, -deficit, oldest) if deficit > 0 else (tier, used, oldest)
             if best is None or key < best[0]:
                 best = (key, tenant)
         if best is None:
@@ -534,7 +547,7 @@ class Policy:
         deficit = holder.request * self._span(holder, now) // 100 - used
         if best >= ((1, -deficit) if deficit > 0 else (2, used)):
             return None
-        budget = self.budget_ns
+        budget = self.budget_ns(holder.name)
         lease.revoked_at = now
         lease.reclaim_at = min(lease.reclaim_at, now + budget + self.config.revoke_grace_ns)
         holder.stats.revocations += 1
@@ -651,6 +664,7 @@ class Policy:
                 "request": tenant.request,
                 "limit": tenant.limit,
                 "priority": tenant.priority,
+                "budget_us": self.budget_ns(tenant.name) / 1000,
                 "share": used / span,
                 "usage_ms": used / MS,
                 "held_ms_total": self.held_total_ns(tenant, now) / MS,
@@ -691,6 +705,6 @@ class Policy:
         holder = None
         if lease is not None:
             holder = {"tenant": lease.tenant, "lease_id": lease.lease_id,
-                      "held_ms": (now - lease.granted_at) / MS}
+                      "held_ms": (now - lease.granted_at) / MS, "revoked": bool(lease.revoked_at)}
         return {"window_s": window / SECOND, "epoch": self.epoch, "holder": holder,
-                "budget_us": self.budget_ns / 1000, "tenants": tenants}
+                "tenants": tenants}

@@ -52,7 +52,7 @@ ERROR_BODY = struct.Struct("<HHIQ")  # code, text_len, reserved, ref  (+ text)
 PING_BODY = struct.Struct("<Q")  # nonce
 PONG_BODY = struct.Struct("<QIBxxxQ")  # nonce, epoch, state, 3 pad, lease_id
 REVOKE_BODY = struct.Struct("<QII")  # lease_id, budget_us, reserved
-BUDGET_BODY = struct.Struct("<II")  # budget_us, reserved
+BUDGET_BODY = struct.Struct("<II")  # budget_us, idle_us
 REPORT_BODY = struct.Struct("<IIQ")  # budget_hits, reserved, budget_wait_ns
 
 # Client-to-server types and their exact bodies. Keyed by the plain int so that
@@ -189,9 +189,9 @@ def encode_revoke(seq: int, lease_id: int, budget_us: int) -> bytes:
     )
 
 
-def encode_budget(seq: int, budget_us: int) -> bytes:
+def encode_budget(seq: int, budget_us: int, idle_us: int) -> bytes:
     return _header(MsgType.BUDGET, 0, seq, BUDGET_BODY.size) + BUDGET_BODY.pack(
-        min(budget_us, 0xFFFFFFFF), 0
+        min(budget_us, 0xFFFFFFFF), min(idle_us, 0xFFFFFFFF)
     )
 
 

@@ -56,20 +56,23 @@ enum { FLAG_MORE = 1 };
 enum { ERR_STALE_LEASE = 5, ERR_LEASE_EXPIRED = 6, ERR_TENANT_REMOVED = 9 };
 #define HEADER_LEN 16
 #define IDLE_CHECK_MIN_NS 1000000ull /* 1 ms */
-#define IDLE_GRACE_NS 1000000ull     /* after its work completed, a busy process launches within this */
+#define IDLE_GRACE_NS 1000000ull     /* after its work completed, a busy process launches within this
+                                      * (until the scheduler says otherwise: BUDGET idle_us) */
 #define CONNECT_TIMEOUT_MS 1000
 #define DEFAULT_BUDGET_NS 10000000ull /* until the scheduler sends one (its default) */
 #define UNCHECKED (INT_MAX / 2)       /* countdown where no budget applies: no scheduler, no lease */
 #define FLIGHT_RING 16                /* checkpoints tracked at once */
 #define FLIGHT_MAX_K 256              /* launches between checkpoints at most: budget changes apply soon */
 #define FLIGHT_LEAD_NS 100000ull      /* issue the next launch this long before the GPU would run dry */
+#define FLIGHT_POLL_NS 500000ull      /* a wait on an estimate looks at the checkpoints again this often */
 #define CLIENT_TIMER_SLACK_NS 1000    /* the client thread's sleeps end within 1 us, not the default 50 */
 
 /* A completion checkpoint: an event recorded after a segment of launches. */
 struct checkpoint {
     CUevent event;
     uint32_t launches;    /* launches of the segment it ends */
-    uint64_t recorded_ns; /* the next segment's launches follow this moment */
+    bool backlogged;      /* the previous one was pending when it was recorded: its segment ran
+                           * back to back, so the time between the two is GPU time, no idle gap */
 };
 
 /* In-flight state of one device, shared by the launching threads (flight.lock). */
@@ -107,6 +110,7 @@ struct token_client {
     uint32_t seq;
     uint64_t burst_ns;      /* EWMA of hold times, sent as the predicted burst */
     uint64_t drain_ns;      /* EWMA of how long the process's queued work takes to finish */
+    uint64_t idle_grace_ns; /* client thread only */
     struct flight flight;
 };
 static struct token_client clients[VCUDA_MAX_DEVICES];
@@ -193,8 +197,8 @@ static void flight_complete_front(struct flight *f, uint64_t seen_ns) {
     f->count--;
     if (f->have_done) {
         float ms = 0;
-        if (cp.launches > 0 && vcuda_real.cuEventElapsedTime(&ms, f->done.event, cp.event) == CUDA_SUCCESS &&
-            ms >= 0) {
+        if (cp.backlogged && cp.launches > 0 &&
+            vcuda_real.cuEventElapsedTime(&ms, f->done.event, cp.event) == CUDA_SUCCESS && ms >= 0) {
             uint64_t per = (uint64_t)((double)ms * 1e6) / cp.launches;
             f->launch_ns = f->launch_ns ? (f->launch_ns + per) / 2 : per;
             if (f->launch_ns == 0) f->launch_ns = 1;
@@ -235,7 +239,8 @@ static enum room flight_room(const struct flight *f, int k, uint64_t now, uint64
     uint64_t ran = f->have_done && now > f->done_seen_ns ? now - f->done_seen_ns : 0;
     uint64_t left = ran < oldest ? oldest - ran : 0;
     if (left + rest <= room) return ROOM;
-    *until = now + (left + rest - room);
+    uint64_t wait = left + rest - room;
+    *until = now + (wait < FLIGHT_POLL_NS ? wait : FLIGHT_POLL_NS);
     return SLEEP;
 }
 
@@ -280,8 +285,9 @@ static void checkpoint(struct token_client *c, CUstream stream, int ptsz) {
         /* A NULL stream through a _ptsz entry point is this thread's per-thread stream. */
         CUstream s = stream == NULL && ptsz ? CU_STREAM_PER_THREAD : stream;
         if (ev != NULL && vcuda_real.cuEventRecord(ev, s) == CUDA_SUCCESS) {
-            f->ring[(f->head + f->count++) % FLIGHT_RING] =
-                (struct checkpoint){.event = ev, .launches = (uint32_t)k, .recorded_ns = now_ns()};
+            f->ring[(f->head + f->count) % FLIGHT_RING] =
+                (struct checkpoint){.event = ev, .launches = (uint32_t)k, .backlogged = f->count > 0};
+            f->count++;
         } else if (ev != NULL) {
             /* Likely a stream of another context: no checkpoint this time. */
             vcuda_debug("device %d: no in-flight checkpoint on stream %p", c->device, (void *)s);
@@ -352,6 +358,7 @@ static bool take_message(struct token_client *c, const unsigned char *buf, size_
     if (len < HEADER_LEN || memcmp(buf, "VCTS", 4) != 0) return false;
     if (buf[5] == MSG_BUDGET && len >= HEADER_LEN + 8) {
         flight_set_budget(c, (uint64_t)get32(buf + 16) * 1000ull);
+        c->idle_grace_ns = (uint64_t)get32(buf + 20) * 1000ull;
         return false;
     }
     return buf[5] == MSG_REVOKE && len >= HEADER_LEN + 16 && lease != 0 && get64(buf + 16) == lease;
@@ -460,7 +467,7 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
          * the process wants to launch again right away. */
         set_gate(c, 0);
         drain_own_work(c);
-        why = wait_event(c, lease, now_ns() + IDLE_GRACE_NS, true);
+        why = wait_event(c, lease, now_ns() + c->idle_grace_ns, true);
         if (why != WAKE_LAUNCHER) break; /* idle: give the token back; or revoked, or lost */
         why = WAKE_TIMEOUT;
         if (now_ns() >= end) break;
@@ -481,7 +488,7 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
     } else {
         /* A process that was waiting on its own work launches again as soon as
          * it completed: ask again at once (MORE) rather than queue behind others. */
-        why = wait_event(c, lease, now_ns() + IDLE_GRACE_NS, true);
+        why = wait_event(c, lease, now_ns() + c->idle_grace_ns, true);
         more = why == WAKE_LAUNCHER || (why == WAKE_REVOKED && busy(c));
         if (why == WAKE_LOST) return false;
     }
@@ -624,6 +631,7 @@ static void clients_reset(void) {
         pthread_cond_init(&c->opened, NULL);
         pthread_mutex_init(&c->flight.lock, NULL);
         c->flight.budget_ns = DEFAULT_BUDGET_NS;
+        c->idle_grace_ns = IDLE_GRACE_NS;
         atomic_store(&c->flight.k, 1);
         /* Without a scheduler nothing is limited: the gate stays open. */
         bool limited = c->endpoint[0] != '\0' && !vcuda_config.disabled;

@@ -44,8 +44,9 @@ def tenant_env(shim: Path, sim_env: dict[str, str], tmp_path: Path, name: str, e
     return env
 
 
-def spin(cuprobe: Path, env: dict[str, str], ms: int) -> subprocess.Popen:
-    return subprocess.Popen([str(cuprobe), "init", "ctx", f"spin:{KERNEL_US}:{ms}:{SYNC_EVERY}"], env=env,
+def spin(cuprobe: Path, env: dict[str, str], ms: int, sync_every: int = SYNC_EVERY,
+         kernel_us: int = KERNEL_US) -> subprocess.Popen:
+    return subprocess.Popen([str(cuprobe), "init", "ctx", f"spin:{kernel_us}:{ms}:{sync_every}"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -130,7 +131,8 @@ def test_scheduler_restart_is_survived(tmp_path: Path, cuprobe: Path, shim: Path
     daemon = spawn_daemon(directory, "--window", "2s")
     admin = AdminClient(directory / "admin.sock")
     admin.wait_ready()
-    endpoint = str(admin.call("add", tenant="a", request=50, limit=50)["endpoint"])
+    # `high`: the fault path holds with priorities set (a lone high tenant, its limit kept).
+    endpoint = str(admin.call("add", tenant="a", request=50, limit=50, priority="high")["endpoint"])
     admin.close()
     proc = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "a", endpoint), 6000)
     try:
@@ -224,7 +226,7 @@ def test_unthrottled_tenant_is_limited_again_when_the_scheduler_returns(tmp_path
     admin = AdminClient(directory / "admin.sock")
     try:
         admin.wait_ready()
-        admin.call("add", tenant="a", request=20, limit=20)
+        admin.call("add", tenant="a", request=20, limit=20, priority="high")
         busy, wall, err = run_spin(proc)
     finally:
         admin.close()
@@ -264,3 +266,118 @@ def test_each_device_has_its_own_token(tmp_path: Path, cuprobe: Path, shim: Path
     assert abs(100 * int(line["busy0_us"]) / wall - 30) <= 5, line
     assert abs(100 * int(line["busy1_us"]) / wall - 60) <= 5, line
     assert abs(100 * shares[0] - 30) <= 3 and abs(100 * shares[1] - 60) <= 3, shares
+
+
+# --- priority, revocation and the in-flight budget (issue 15) -------------------------------------
+
+
+def add(scheduler: AdminClient, name: str, request: int, limit: int | None = None,
+        priority: str = "normal") -> str:
+    reply = scheduler.call("add", tenant=name, request=request, limit=limit or request, priority=priority)
+    assert reply["ok"], reply
+    return str(reply["endpoint"])
+
+
+def bursts(cuprobe: Path, env: dict[str, str], kernel_us: int, every_ms: int, ms: int) -> subprocess.Popen:
+    return subprocess.Popen([str(cuprobe), "init", "ctx", f"bursts:{kernel_us}:{every_ms}:{ms}"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def burst_result(proc: subprocess.Popen) -> dict[str, str]:
+    out, err = proc.communicate(timeout=120)
+    line = next(d for d in parse(out) if d["cmd"] == "bursts")
+    assert line["rc"] == "0", err
+    return line
+
+
+def test_deep_queue_trainer_leaves_the_small_tenant_its_share(scheduler: AdminClient, cuprobe: Path, shim: Path,
+                                                              sim_env: dict[str, str], tmp_path: Path) -> None:
+    """The issue's case: --core 70 --core-limit 100 launching 200 kernels of 2 ms between
+    synchronizes (400 ms queued) beside --core 30 synchronizing every 4 kernels. Without an
+    in-flight budget the 30 % tenant got about 1 %."""
+    train = add(scheduler, "train", 70, 100)
+    small = add(scheduler, "small", 30)
+    pt = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "train", train), 8000, sync_every=200)
+    ps = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "small", small), 8000, sync_every=4)
+    (bt, _), (bs, _) = busy_us(pt), busy_us(ps)
+    assert abs(100 * bs / (bt + bs) - 30) <= 2.0, f"small tenant got {100 * bs / (bt + bs):.1f} %"
+
+
+def test_high_tenant_is_served_within_the_trainers_budget(scheduler: AdminClient, cuprobe: Path, shim: Path,
+                                                          sim_env: dict[str, str], tmp_path: Path) -> None:
+    """A `high` tenant with one 200 us kernel every 20 ms beside a trainer queuing 1000
+    kernels of 500 us between synchronizes: each burst revokes the trainer, which drains at
+    most its in-flight budget (1 ms), so the high tenant waits milliseconds, not a lease
+    (50 ms); the trainer gets the time it leaves, and reports its budget waits."""
+    train = add(scheduler, "train", 40, 100)
+    lat = add(scheduler, "lat", 60, 100, priority="high")
+    pt = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "train", train), 7000, sync_every=1000, kernel_us=500)
+    time.sleep(1)
+    line = burst_result(bursts(cuprobe, tenant_env(shim, sim_env, tmp_path, "lat", lat), 200, 20, 5000))
+    stats = scheduler.call("stats")["tenants"]
+    busy, wall = busy_us(pt)
+    assert int(line["count"]) >= 240  # it kept its rhythm
+    assert stats["lat"]["preempt_wait_us"]["samples"] >= 100, stats["lat"]
+    # 1 ms of budget, plus handoffs and wake-ups on a loaded 2-core machine; a lease is 50 ms
+    assert stats["lat"]["wait_us"]["p99"] <= 10_000, stats["lat"]
+    assert stats["train"]["revocations"] >= 100 and stats["train"]["revoke_reclaims"] == 0, stats["train"]
+    assert stats["train"]["budget_hits"] > 0 and stats["train"]["budget_us"] == 1000
+    assert busy / wall >= 0.8, f"the trainer got only {busy / wall:.2f} of the GPU"
+
+
+def test_saturating_high_tenant_cannot_push_a_normal_one_below_its_request(
+        scheduler: AdminClient, cuprobe: Path, shim: Path, sim_env: dict[str, str], tmp_path: Path) -> None:
+    high = add(scheduler, "high", 30, 100, priority="high")
+    normal = add(scheduler, "normal", 70, 100)
+    ph = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "high", high), 8000)
+    pn = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "normal", normal), 8000)
+    (bh, _), (bn, _) = busy_us(ph), busy_us(pn)
+    assert 100 * bn / (bh + bn) >= 70 - 2.0, f"normal tenant got {100 * bn / (bh + bn):.1f} %"
+
+
+def test_killed_high_holder_frees_the_gpu(scheduler: AdminClient, cuprobe: Path, shim: Path,
+                                          sim_env: dict[str, str], tmp_path: Path) -> None:
+    import signal
+
+    high = add(scheduler, "high", 50, 100, priority="high")
+    normal = add(scheduler, "normal", 50, 100)
+    ph = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "high", high), 10_000)
+    pn = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "normal", normal), 4000)
+    time.sleep(1.5)
+    ph.send_signal(signal.SIGKILL)  # while it holds the token about half the time
+    ph.wait()
+    busy, wall = busy_us(pn)
+    stats = scheduler.call("stats")["tenants"]
+    assert stats["normal"]["wait_us"]["max"] <= 50_000 + 10_000 + 50_000
+    assert busy / wall >= 0.6
+
+
+def test_stopped_holder_is_reclaimed_after_its_budget(scheduler: AdminClient, cuprobe: Path, shim: Path,
+                                                      sim_env: dict[str, str], tmp_path: Path) -> None:
+    """A holder that never answers the revocation (stopped while holding) loses the token
+    after its budget plus the revoke grace (1 + 5 ms), not at the end of its lease, and the
+    high tenant goes on."""
+    import signal
+
+    train = add(scheduler, "train", 40, 100)
+    lat = add(scheduler, "lat", 60, 100, priority="high")
+    pt = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "train", train), 20_000, sync_every=1000, kernel_us=500)
+    try:
+        for _ in range(200):  # alone it holds the token nearly always: stop it while it does
+            time.sleep(0.05)
+            pt.send_signal(signal.SIGSTOP)
+            holder = scheduler.call("stats")["holder"]
+            if holder and holder["tenant"] == "train":
+                break
+            pt.send_signal(signal.SIGCONT)
+        else:
+            pytest.fail("the trainer never held the token")
+        line = burst_result(bursts(cuprobe, tenant_env(shim, sim_env, tmp_path, "lat", lat), 200, 20, 2000))
+        stats = scheduler.call("stats")["tenants"]
+    finally:
+        pt.send_signal(signal.SIGCONT)
+        pt.kill()
+        pt.communicate()
+    assert stats["train"]["revoke_reclaims"] == 1, stats["train"]
+    assert int(line["count"]) >= 95
+    assert stats["lat"]["wait_us"]["max"] <= 30_000, stats["lat"]  # a lease would be 50 + 10 ms

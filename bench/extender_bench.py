@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kube_contract.names import MEMORY_UNIT_BYTES, Names  # noqa: E402
 from scheduler_extender.extender import Extender  # noqa: E402
-from scheduler_extender.names import MEMORY_UNIT_BYTES, Names  # noqa: E402
 from scheduler_extender.placement import (  # noqa: E402
     ContainerRequest,
     PodRequest,

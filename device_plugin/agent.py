@@ -27,9 +27,9 @@ from device_plugin.pods import PodSource
 from device_plugin.reconcile import Reconciler
 from device_plugin.schedulers import TokenScheduler
 from device_plugin.supervisor import Child, Supervisor
+from kube_contract.names import Names
 from py_vcuda import native
 from py_vcuda.nvml import NVML
-from scheduler_extender.names import Names
 
 log = logging.getLogger(__name__)
 

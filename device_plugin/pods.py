@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from device_plugin.kubelet import AllocationError
+from kube_contract.names import Names
 from scheduler_extender import assignment
-from scheduler_extender.names import Names
 
 log = logging.getLogger(__name__)
 

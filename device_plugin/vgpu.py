@@ -41,8 +41,8 @@ from device_plugin.kubelet import AllocationError
 from device_plugin.layout import ContainerRecord
 from device_plugin.quota import QuotaError, quota
 from device_plugin.schedulers import SchedulerError, TokenScheduler, remove_tenant
+from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
 from py_vcuda.nvml import GPUInfo
-from scheduler_extender.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
 
 log = logging.getLogger(__name__)
 

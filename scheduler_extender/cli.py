@@ -9,7 +9,8 @@ import signal
 import sys
 import threading
 
-from .names import DEFAULT_ANNOTATION_PREFIX, DEFAULT_RESOURCE_DOMAIN, Names
+from kube_contract.names import DEFAULT_ANNOTATION_PREFIX, DEFAULT_RESOURCE_DOMAIN, Names
+
 from .placement import Policy
 
 log = logging.getLogger("scheduler_extender")

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from scheduler_extender.names import MEMORY_UNIT_BYTES as U
+from kube_contract.names import MEMORY_UNIT_BYTES as U
 from scheduler_extender.placement import (
     ContainerRequest,
     NodeGPUs,

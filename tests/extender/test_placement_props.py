@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_extender.names import CORES_PER_GPU, Names
+from kube_contract.names import CORES_PER_GPU, Names
 from scheduler_extender.placement import ContainerRequest, Placement, PodRequest, Policy, Tags, best
 from scheduler_extender.state import ClusterState
 from scheduler_extender.testing import A100, T4, V100, topology

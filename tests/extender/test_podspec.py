@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_extender.names import MEMORY_UNIT_BYTES, Names
+from kube_contract.names import MEMORY_UNIT_BYTES, Names
 from scheduler_extender.placement import ContainerRequest, Policy, Tags
 from scheduler_extender.podspec import PodSpecError, parse_pod
 from scheduler_extender.testing import pod_json

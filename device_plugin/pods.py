@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from device_plugin.kubelet import AllocationError
+from kube_contract import assignment
 from kube_contract.names import Names
-from scheduler_extender import assignment
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from device_plugin.layout import ContainerRecord
 from device_plugin.podresources import DeviceKey, PodRef, PodResourcesError
 from device_plugin.quota import QuotaError, quota
 from device_plugin.schedulers import SchedulerError, TokenScheduler, remove_tenant
+from kube_contract import assignment
 from kube_contract.names import Names
-from scheduler_extender import assignment
 
 log = logging.getLogger(__name__)
 

@@ -4,4 +4,5 @@ plugin, the scheduler extender, the DRA driver): nothing here imports those part
 Modules, one job each:
 
 - ``names``      resource and annotation names (domain and prefix configurable)
+- ``assignment`` the extender's decision annotation on a pod, which the device plugin cross-checks
 """

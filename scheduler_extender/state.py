@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from kube_contract.assignment import AssignmentError, decode
 from kube_contract.names import Names
 
-from .assignment import AssignmentError, decode
 from .placement import NodeGPUs, Placement, PodRequest, Tags, Unfit, place, placer
 from .podspec import is_terminal, pod_ref, pod_tags, pod_uid
 from .topology import NodeTopology, TopologyError

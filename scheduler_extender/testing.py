@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlparse
 
+from kube_contract.assignment import Assignment
+from kube_contract.assignment import encode as encode_assignment
 from kube_contract.names import CORES_PER_GPU, Names
 
-from .assignment import Assignment
-from .assignment import encode as encode_assignment
 from .topology import GPUInfo, NodeTopology
 from .topology import encode as encode_topology
 

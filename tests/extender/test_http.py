@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from kube_contract.assignment import decode
 from kube_contract.names import Names
-from scheduler_extender.assignment import decode
 from scheduler_extender.extender import BindError, Extender
 from scheduler_extender.placement import Policy
 from scheduler_extender.server import ExtenderServer, parse_listen

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kube_contract.assignment import decode
 from kube_contract.names import Names
-from scheduler_extender.assignment import decode
 from scheduler_extender.extender import BindError, Extender
 from scheduler_extender.kube import KubeBinder, Syncer
 from scheduler_extender.server import ExtenderServer

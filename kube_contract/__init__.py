@@ -5,4 +5,5 @@ Modules, one job each:
 
 - ``names``      resource and annotation names (domain and prefix configurable)
 - ``assignment`` the extender's decision annotation on a pod, which the device plugin cross-checks
+- ``topology``   the node annotation the device plugin publishes (GPUs and NVLink) for the extender
 """

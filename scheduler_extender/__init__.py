@@ -3,7 +3,6 @@
 The names and annotation schemas it shares with the device plugin live in
 ``kube_contract``. Modules, one job each:
 
-- ``topology``   the node annotation the device plugin publishes (GPUs and NVLink)
 - ``podspec``    pod JSON -> what the pod asks for
 - ``placement``  the pure placement core (which GPU, score, human reasons)
 - ``state``      cluster usage: pods, in-flight reservations, the decide+reserve lock

@@ -36,9 +36,8 @@ from urllib.parse import parse_qs, urlparse
 from kube_contract.assignment import Assignment
 from kube_contract.assignment import encode as encode_assignment
 from kube_contract.names import CORES_PER_GPU, Names
-
-from .topology import GPUInfo, NodeTopology
-from .topology import encode as encode_topology
+from kube_contract.topology import GPUInfo, NodeTopology
+from kube_contract.topology import encode as encode_topology
 
 GiB = 1 << 30
 A100 = ("NVIDIA A100-SXM4-80GB", 80 * GiB)

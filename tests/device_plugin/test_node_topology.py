@@ -10,9 +10,9 @@ import pytest
 
 from device_plugin.inventory import Inventory
 from device_plugin.node_topology import KubeNode, encode
+from kube_contract import topology
 from kube_contract.names import Names
 from py_vcuda.sim import GiB, SimConfig
-from scheduler_extender import topology
 from scheduler_extender.state import ClusterState
 from scheduler_extender.testing import FakeApiServer
 

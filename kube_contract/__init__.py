@@ -6,4 +6,5 @@ Modules, one job each:
 - ``names``      resource and annotation names (domain and prefix configurable)
 - ``assignment`` the extender's decision annotation on a pod, which the device plugin cross-checks
 - ``topology``   the node annotation the device plugin publishes (GPUs and NVLink) for the extender
+- ``apiclient``  the API server through the official client: build one, read raw JSON and watch streams
 """

@@ -51,8 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kube_contract.apiclient import make_api_client
+
     from .extender import Extender
-    from .kube import KubeBinder, Syncer, make_api_client
+    from .kube import KubeBinder, Syncer
     from .server import ExtenderServer, parse_listen, tune_gc
     from .state import ClusterState
 

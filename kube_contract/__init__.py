@@ -7,4 +7,5 @@ Modules, one job each:
 - ``assignment`` the extender's decision annotation on a pod, which the device plugin cross-checks
 - ``topology``   the node annotation the device plugin publishes (GPUs and NVLink) for the extender
 - ``apiclient``  the API server through the official client: build one, read raw JSON and watch streams
+- ``testing``    test doubles: a fake API server and pod/node/topology builders (tests and benchmarks)
 """

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_extender.testing import FakeApiServer
+from kube_contract.testing import FakeApiServer
 
 Post = Callable[[str, Any], tuple[int, Any]]
 

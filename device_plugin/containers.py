@@ -21,8 +21,8 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
 from device_plugin.layout import LEDGER_FILE, RECORD_FILE, ContainerRecord, LayoutError, NodeLayout
+from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from py_vcuda.ledger import Ledger
 
 log = logging.getLogger(__name__)

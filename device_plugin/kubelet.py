@@ -22,8 +22,8 @@ from typing import Protocol
 
 import grpc
 
-from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
-from device_plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
+from kube_contract.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,6 @@ from pathlib import Path
 import grpc
 
 from device_plugin import pods as podlib
-from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
 from device_plugin.containers import (
     CONTAINER_DIR,
     CONTAINER_LEDGER,
@@ -41,6 +40,7 @@ from device_plugin.kubelet import AllocationError
 from device_plugin.layout import ContainerRecord
 from device_plugin.quota import QuotaError, quota
 from device_plugin.schedulers import SchedulerError, TokenScheduler, remove_tenant
+from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
 from py_vcuda.nvml import GPUInfo
 

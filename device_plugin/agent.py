@@ -22,12 +22,12 @@ from device_plugin.labels import write_feature_file
 from device_plugin.layout import NodeLayout
 from device_plugin.metrics import start_exporter
 from device_plugin.node_topology import Annotate, TopologyPublisher
-from device_plugin.podresources import PodResourcesClient
 from device_plugin.pods import PodSource
 from device_plugin.reconcile import Reconciler
 from device_plugin.schedulers import TokenScheduler
 from device_plugin.supervisor import Child, Supervisor
 from kube_contract.names import Names
+from kube_contract.podresources import PodResourcesClient
 from py_vcuda import native
 from py_vcuda.nvml import NVML
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from device_plugin.layout import RECORD_FILE, ContainerRecord, LayoutError, NodeLayout, ledger_in
-from device_plugin.podresources import PodResourcesClient
+from kube_contract.podresources import PodResourcesClient
 from py_vcuda.launch import SCHEDULER_DIR_KEY
 from py_vcuda.ledger import DeviceUsage, Ledger, LedgerError
 from py_vcuda.nvml import NVML, GPUInfo, GPUUsage

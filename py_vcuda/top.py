@@ -24,7 +24,7 @@ from rich.text import Text
 
 from device_plugin.layout import DEFAULT_STATE_DIR, NodeLayout
 from device_plugin.metrics_snapshot import ContainerGPU, GPUState, NodeReader, NodeSnapshot, gpu_modes
-from device_plugin.podresources import DEFAULT_SOCKET, PodResourcesClient
+from kube_contract.podresources import DEFAULT_SOCKET, PodResourcesClient
 from py_vcuda.launch import runtime_dir
 from py_vcuda.nvml import NVML, NVMLUnavailable
 

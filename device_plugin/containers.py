@@ -1,4 +1,4 @@
-"""Each allocated container's host directory (device_plugin.layout) and what
+"""Each allocated container's host directory (node_state.layout) and what
 goes in the container from it: the ledger and ``ld.so.preload`` (the record
 stays outside).
 
@@ -21,8 +21,8 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from device_plugin.layout import LEDGER_FILE, RECORD_FILE, ContainerRecord, LayoutError, NodeLayout
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
+from node_state.layout import LEDGER_FILE, RECORD_FILE, ContainerRecord, LayoutError, NodeLayout
 from py_vcuda.ledger import Ledger
 
 log = logging.getLogger(__name__)

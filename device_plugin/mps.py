@@ -26,8 +26,8 @@ import grpc
 from device_plugin.containers import ContainerStore, mount, new_key
 from device_plugin.inventory import Health, Inventory, NodeResource, logical_devices, parse_ids
 from device_plugin.kubelet import AllocationError
-from device_plugin.layout import ContainerRecord, NodeLayout, gpu_key
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
+from node_state.layout import ContainerRecord, NodeLayout, gpu_key
 from py_vcuda.nvml import GPUInfo
 
 RESOURCE = "nvidia.com/mps-core"

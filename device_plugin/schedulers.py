@@ -21,7 +21,7 @@ from pathlib import Path
 import device_plugin
 import token_scheduler
 from device_plugin import lifeline
-from device_plugin.layout import ContainerRecord, NodeLayout, gpu_key
+from node_state.layout import ContainerRecord, NodeLayout, gpu_key
 from token_scheduler.admin_client import AdminClient
 
 log = logging.getLogger(__name__)

@@ -37,11 +37,11 @@ from device_plugin.containers import (
 )
 from device_plugin.inventory import Health, Inventory, best_set, logical_devices, parse_ids
 from device_plugin.kubelet import AllocationError
-from device_plugin.layout import ContainerRecord
 from device_plugin.quota import QuotaError, quota
 from device_plugin.schedulers import SchedulerError, TokenScheduler, remove_tenant
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
+from node_state.layout import ContainerRecord
 from py_vcuda.nvml import GPUInfo
 
 log = logging.getLogger(__name__)

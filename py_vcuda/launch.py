@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from device_plugin.layout import ContainerRecord, NodeLayout, ledger_in
+from node_state.layout import ContainerRecord, NodeLayout, ledger_in
 from py_vcuda import native
 from token_scheduler.admin_client import AdminClient
 

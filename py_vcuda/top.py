@@ -22,9 +22,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from device_plugin.layout import DEFAULT_STATE_DIR, NodeLayout
 from device_plugin.metrics_snapshot import ContainerGPU, GPUState, NodeReader, NodeSnapshot, gpu_modes
 from kube_contract.podresources import DEFAULT_SOCKET, PodResourcesClient
+from node_state.layout import DEFAULT_STATE_DIR, NodeLayout
 from py_vcuda.launch import runtime_dir
 from py_vcuda.nvml import NVML, NVMLUnavailable
 

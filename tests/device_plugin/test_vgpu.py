@@ -10,9 +10,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from device_plugin.layout import ContainerRecord
 from device_plugin.pods import StaticPods
 from kube_contract.names import MEMORY_UNIT_BYTES
+from node_state.layout import ContainerRecord
 from py_vcuda.ledger import Ledger
 
 CORE = "tencent.com/vcuda-core"

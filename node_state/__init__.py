@@ -1,0 +1,9 @@
+"""The node's vcuda state, alike for every part that sets up a container: `vcuda run`
+on a bare machine, the device plugin, the DRA driver; and what the exporter and
+`vcuda top` read back. Nothing here imports those parts or the Kubernetes
+contract's users; the token scheduler is driven through its admin client.
+
+Modules, one job each:
+
+- ``layout``     the state directory: per-GPU scheduler and per-container directories, ContainerRecord
+"""

@@ -31,8 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kube_contract.podresources import PodResourcesClient
-from node_state.layout import RECORD_FILE, ContainerRecord, LayoutError, NodeLayout, ledger_in
-from py_vcuda.launch import SCHEDULER_DIR_KEY
+from node_state.layout import RECORD_FILE, SCHEDULER_DIR_KEY, ContainerRecord, LayoutError, NodeLayout, ledger_in
 from py_vcuda.ledger import DeviceUsage, Ledger, LedgerError
 from py_vcuda.nvml import NVML, GPUInfo, GPUUsage
 from token_scheduler.admin_client import AdminClient

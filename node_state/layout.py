@@ -36,6 +36,8 @@ LEDGER_FILE = "ledger"
 SHARED_DIR = "shared"
 RECORD_FORMAT = 1
 MODES = ("vgpu", "pgpu", "mps")
+# ContainerRecord.extra key: the run's scheduler directory, which is not under the layout's sched/
+SCHEDULER_DIR_KEY = "scheduler_dir"
 
 
 class LayoutError(ValueError):

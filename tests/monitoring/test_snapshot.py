@@ -20,8 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from device_plugin import metrics_text
 from device_plugin.metrics import snapshot_metrics
 from device_plugin.metrics_snapshot import NodeReader
-from node_state.layout import ContainerRecord, NodeLayout, ledger_in
-from py_vcuda.launch import SCHEDULER_DIR_KEY
+from node_state.layout import SCHEDULER_DIR_KEY, ContainerRecord, NodeLayout, ledger_in
 from py_vcuda.ledger import Ledger
 from py_vcuda.nvml import GPUInfo, GPUUsage
 

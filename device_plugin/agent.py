@@ -15,7 +15,6 @@ from typing import Any
 
 from device_plugin import mps, pgpu, vgpu
 from device_plugin.config import PluginConfig
-from device_plugin.containers import ContainerStore
 from device_plugin.inventory import Health, Inventory
 from device_plugin.kubelet import Endpoint, Registrar, ResourcePlugin
 from device_plugin.labels import write_feature_file
@@ -27,6 +26,7 @@ from device_plugin.schedulers import TokenScheduler
 from device_plugin.supervisor import Child, Supervisor
 from kube_contract.names import Names
 from kube_contract.podresources import PodResourcesClient
+from node_state.containers import ContainerStore
 from node_state.layout import NodeLayout
 from py_vcuda import native
 from py_vcuda.nvml import NVML

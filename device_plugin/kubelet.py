@@ -33,6 +33,11 @@ HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 
 
+def mount(host: Path, container: Path, read_only: bool) -> pb.Mount:
+    """One mount of an Allocate response (a node_state.containers path, usually)."""
+    return pb.Mount(host_path=str(host), container_path=str(container), read_only=read_only)
+
+
 class AllocationError(Exception):
     """A request this plugin refuses; the message goes to the pod's events, so it says what to fix."""
 

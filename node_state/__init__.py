@@ -6,4 +6,6 @@ contract's users; the token scheduler is driven through its admin client.
 Modules, one job each:
 
 - ``layout``     the state directory: per-GPU scheduler and per-container directories, ContainerRecord
+- ``containers`` create and remove a container's directory: its record, its ledger with the limits set,
+                 ld.so.preload; the paths the container sees them at
 """

@@ -8,5 +8,6 @@ Modules, one job each:
 - ``layout``     the state directory: per-GPU scheduler and per-container directories, ContainerRecord
 - ``containers`` create and remove a container's directory: its record, its ledger with the limits set,
                  ld.so.preload; the paths the container sees them at
+- ``supervisor`` keep helper processes (token schedulers, MPS daemons) running, restarting with backoff
 - ``lifeline``   run a child module that ends with its parent (PR_SET_PDEATHSIG)
 """

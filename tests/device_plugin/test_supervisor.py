@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from device_plugin.supervisor import Supervisor
+from node_state.supervisor import Supervisor
 from py_vcuda.sim import GiB, SimConfig
 
 

@@ -22,11 +22,11 @@ from device_plugin.metrics import start_exporter
 from device_plugin.node_topology import Annotate, TopologyPublisher
 from device_plugin.pods import PodSource
 from device_plugin.reconcile import Reconciler
-from device_plugin.schedulers import TokenScheduler
 from kube_contract.names import Names
 from kube_contract.podresources import PodResourcesClient
 from node_state.containers import ContainerStore
 from node_state.layout import NodeLayout
+from node_state.schedulers import TokenScheduler
 from node_state.supervisor import Child, Supervisor
 from py_vcuda import native
 from py_vcuda.nvml import NVML

@@ -8,6 +8,7 @@ Modules, one job each:
 - ``layout``     the state directory: per-GPU scheduler and per-container directories, ContainerRecord
 - ``containers`` create and remove a container's directory: its record, its ledger with the limits set,
                  ld.so.preload; the paths the container sees them at
+- ``schedulers`` one token scheduler per GPU as a supervised child; add, update and remove tenants
 - ``supervisor`` keep helper processes (token schedulers, MPS daemons) running, restarting with backoff
 - ``lifeline``   run a child module that ends with its parent (PR_SET_PDEATHSIG)
 """

@@ -10,5 +10,7 @@ Modules, one job each:
                  ld.so.preload; the paths the container sees them at
 - ``schedulers`` one token scheduler per GPU as a supervised child; add, update and remove tenants
 - ``supervisor`` keep helper processes (token schedulers, MPS daemons) running, restarting with backoff
+- ``metrics_snapshot`` one reading of the node's GPUs and tenants (NVML, records, ledgers, schedulers),
+                 for the exporter and `vcuda top`
 - ``lifeline``   run a child module that ends with its parent (PR_SET_PDEATHSIG)
 """

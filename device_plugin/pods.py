@@ -1,7 +1,7 @@
 """Which container an Allocate is for: kubelet sends only device IDs.
 
 With the scheduler extender, the pod carries ``vcuda.io/gpu-assignment``
-(scheduler_extender.assignment): the container whose assigned GPUs and cores
+(kube_contract.assignment): the container whose assigned GPUs and cores
 equal what the IDs say, on a pod bound to this node and not allocated yet, is
 the one; when several match and are interchangeable (same quota in every
 respect), the oldest is taken provisionally and the reconciler confirms or

@@ -9,7 +9,7 @@ with the messages kubelet sends. `restart()` does what a kubelet restart
 does: plugin sockets are wiped and kubelet.sock is re-created.
 
 Used by tests/device_plugin and bench/plugin_bench.py, with the fake Kubernetes
-API server scheduler_extender.testing.FakeApiServer.
+API server kube_contract.testing.FakeApiServer.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Fixtures: a running extender HTTP server and a fake API server on 127.0.0.1
-(scheduler_extender.testing.FakeApiServer)."""
+(kube_contract.testing.FakeApiServer)."""
 
 from __future__ import annotations
 

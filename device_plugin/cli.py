@@ -18,7 +18,7 @@ from device_plugin import config as configlib
 
 if TYPE_CHECKING:  # the agent's modules load grpc and NVML: only `run` needs them, not `vcuda --help`
     from device_plugin.agent import WatchFactory
-    from device_plugin.node_topology import Annotate
+    from device_plugin.node_topology import NodePatch
     from device_plugin.pods import PodSource
 
 log = logging.getLogger("device_plugin")
@@ -34,7 +34,7 @@ class Cluster:
 
     pods: PodSource
     watch: WatchFactory | None = None
-    annotate_node: Annotate | None = None
+    patch_node: NodePatch | None = None
 
 
 class NoAPIServer(RuntimeError):
@@ -42,7 +42,7 @@ class NoAPIServer(RuntimeError):
 
 
 def cluster(kubeconfig: str | None, node: str, *, require: bool = False) -> Cluster:
-    """This node's pods, a watch on them and a way to annotate the Node; NoPods without an API server.
+    """This node's pods, a watch on them and a way to label and annotate the Node; NoPods without an API server.
 
     With `require`, no API server raises NoAPIServer instead: vgpu mode finds each container's
     memory request through its pod, and a quota that cannot be applied must not become unlimited.
@@ -64,7 +64,7 @@ def cluster(kubeconfig: str | None, node: str, *, require: bool = False) -> Clus
                 "requests NOT enforced") from None
         log.warning("no API server (%s): pods are not identified; fine on single-GPU nodes only", exc)
         return Cluster(NoPods(str(exc)))
-    return Cluster(KubePods(api), lambda on_event: PodWatch(api, node, on_event), KubeNode(api, node).annotate)
+    return Cluster(KubePods(api), lambda on_event: PodWatch(api, node, on_event), KubeNode(api, node).patch)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
             log.warning("GPU health monitoring unavailable: %s", exc)
         api = cluster(cfg.kubeconfig, cfg.node_name, require=cfg.mode == "vgpu" and not cfg.without_api_server)
         agent = Agent(cfg, inventory=Inventory.from_nvml(nvml), pods=api.pods, nvml=nvml, health_factory=health,
-                      pod_watch=api.watch, annotate_node=api.annotate_node)
+                      pod_watch=api.watch, patch_node=api.patch_node)
     except (StartError, ValueError, NoAPIServer) as exc:
         print(f"vcuda device-plugin: {exc}", file=sys.stderr)
         nvml.close()

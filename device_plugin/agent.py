@@ -26,7 +26,7 @@ from kube_contract.names import Names
 from kube_contract.podresources import PodResourcesClient
 from node_state.containers import ContainerStore
 from node_state.layout import NodeLayout
-from node_state.schedulers import TokenScheduler
+from node_state.schedulers import TenantQuota, TokenScheduler
 from node_state.supervisor import Child, Supervisor
 from py_vcuda import native
 from py_vcuda.nvml import NVML
@@ -110,9 +110,9 @@ class Agent:
         children.extend(daemons.values())
         return [mps.MPSPlugin(self.inventory, self.health, self.store, daemons)]
 
-    def _tenants_of(self, uuid: str) -> Callable[[], list[tuple[str, int, int]]]:
-        def tenants() -> list[tuple[str, int, int]]:
-            return [(r.tenant, r.core_request, r.core_limit) for r in self.store.records()
+    def _tenants_of(self, uuid: str) -> Callable[[], list[TenantQuota]]:
+        def tenants() -> list[TenantQuota]:
+            return [(r.tenant, r.core_request, r.core_limit, r.priority) for r in self.store.records()
                     if r.tenant and r.gpus and r.gpus[0] == uuid]
         return tenants
 

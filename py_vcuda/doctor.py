@@ -174,7 +174,10 @@ def report(simulate: bool = False) -> tuple[list[str], int]:
     if simulate:
         from py_vcuda.sim import SimConfig
 
-        extra = SimConfig(state_path=runtime_dir() / "doctor-sim.state").env()
+        sim = SimConfig(state_path=runtime_dir() / "doctor-sim.state")
+        sim.reset()  # a throwaway; one left by another simulator version would not load
+        extra = sim.env()
+        os.environ.update(extra)  # this process loads the driver too (driver_version)
         lines.append("using the GPU simulator (--simulate)")
     driver_path = extra.get("VCUDA_REAL_LIBCUDA") or os.environ.get("VCUDA_REAL_LIBCUDA") or "libcuda.so.1"
     nvml_path = extra.get("VCUDA_REAL_LIBNVML") or os.environ.get("VCUDA_REAL_LIBNVML") or "libnvidia-ml.so.1"

@@ -95,6 +95,22 @@ def test_frequent_synchroniser_keeps_its_turn_beside_a_deep_queue(children: Any,
     children.release(sync4)
 
 
+def test_event_times_include_other_processes_slices(children: Any, sim: SimConfig) -> None:
+    start(children, "init", "primary", "0", "launch", "200", "2000", "ready", "sync")  # 400 ms
+    # 4 kernels of 1 ms between two events, beside the deep queue: the events
+    # time when the work ran, interleaved with the other process's slices.
+    out = start(children, "init", "primary", "0", "stream", "ready", "event", "launch", "4", "1000", "event",
+                "sync", "elapsed", "event", "sleep", "30", "event", "elapsed", "ready")
+    assert out.stdin
+    out.stdin.write("\n")
+    out.stdin.flush()
+    lines = children.ready(out)
+    (busy, idle), (sync,) = waits(lines, "elapsed"), waits(lines, "sync")
+    assert 4 + 2 <= busy <= sync + 0.5, (busy, sync)  # at least one foreign slice inside
+    assert 29 <= idle <= 45, idle  # events on an idle stream complete when recorded
+    children.release(out)
+
+
 def test_kernels_of_one_process_run_in_launch_order(tool: Callable[..., list[Any]]) -> None:
     # A long kernel on one stream, then a short one on another: the short one
     # completes after the long one, however the streams are synchronised.

@@ -30,7 +30,7 @@
  *    next look at the device); what it was served stays in device totals.
  *  - cuEventElapsedTime: an event completes when the work before it on its
  *    stream does (at its record time if that was already done); each
- *    process keeps its last 64 service stretches to time completions, older
+ *    process keeps its last 32 service stretches to time completions, older
  *    ones are timed when first seen complete.
  *  - Memory charged: cuMemAlloc* exactly the bytes asked (pitch: pitch*Height,
  *    pitch = WidthInBytes rounded up to 512); managed and stream-ordered

@@ -24,7 +24,7 @@
 #define SIM_RUNS 512 /* busy runs kept per device for utilization */
 #define SIM_STR 96
 #define SIM_XID_RING 64 /* XID events kept per device for late readers */
-#define SIM_SEGS 64 /* service stretches kept per process, to time its events */
+#define SIM_SEGS 32 /* service stretches kept per process, to time its events */
 #define SIM_NVSWITCHES 4 /* VCUDA_SIM_NVLINK=switch: every GPU's links spread over 4 switches, */
 #define SIM_SWITCH_LINKS 18 /* 18 links per GPU, as on an HGX H100 board */
 #define SIM_ADDR_BASE 0x100000000000ULL /* fake device addresses start here */

@@ -15,9 +15,10 @@
 
 #include "sim.h"
 
-static void init_shared(struct sim_shared *sh, const struct sim_config *cfg)
+static void init_shared(struct sim_shared *sh, const struct sim_config *cfg, bool fresh)
 {
-    memset(sh, 0, sizeof *sh);
+    if (!fresh) /* a new file reads as zeros: writing them would allocate all of it */
+        memset(sh, 0, sizeof *sh);
     pthread_mutexattr_t a;
     pthread_mutexattr_init(&a);
     pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
@@ -110,7 +111,7 @@ struct sim_shared *sim_state_open(const char *path, bool create, char *err, size
             sh = NULL;
             goto out;
         }
-        init_shared(sh, &cfg);
+        init_shared(sh, &cfg, fresh);
     } else if (magic != SIM_MAGIC) {
         snprintf(err, errlen, "%s is not a vcuda simulator state file (bad magic)", path);
         munmap(m, maplen);

@@ -29,9 +29,11 @@
  *    dies has its queued work dropped (a dead one within one slice of the
  *    next look at the device); what it was served stays in device totals.
  *  - cuEventElapsedTime: an event completes when the work before it on its
- *    stream does (at its record time if that was already done); each
- *    process keeps its last 32 service stretches to time completions, older
- *    ones are timed when first seen complete.
+ *    stream does (at its record time if that was already done), so the
+ *    elapsed time includes other processes' slices in between, as on
+ *    hardware. Each process keeps its last 64 service stretches per state
+ *    file to time completions; an older one is timed at the start of the
+ *    oldest kept (no earlier than its record time).
  *  - Memory charged: cuMemAlloc* exactly the bytes asked (pitch: pitch*Height,
  *    pitch = WidthInBytes rounded up to 512); managed and stream-ordered
  *    allocations in full, at once; cuMemCreate its size (multiple of 2 MiB),

@@ -175,6 +175,7 @@ uint64_t sim_sched_pending(const struct sim_shared *sh, unsigned phys)
 uint64_t sim_sched_served_at(const struct sim_shared *sh, unsigned phys, int slot, uint64_t pos)
 {
     const struct sim_proc *p = &sh->proc[slot];
+    uint64_t oldest = 0;
     for (uint32_t k = 0; k < p->seg_count; k++) {
         const struct sim_seg *g = &p->segs[(p->seg_head + SIM_SEGS - k) % SIM_SEGS];
         if (g->dev != phys)
@@ -183,9 +184,9 @@ uint64_t sim_sched_served_at(const struct sim_shared *sh, unsigned phys, int slo
             return 0; /* not served yet */
         if (pos > g->pos)
             return g->t_ns + (pos - g->pos);
-        /* pos == g->pos: reached at the end of an older stretch */
+        oldest = g->t_ns; /* pos == g->pos: reached at the end of an older stretch */
     }
-    return 0;
+    return oldest; /* older than the ring: no later than its oldest stretch began */
 }
 
 uint64_t sim_utilization_window(struct sim_shared *sh, unsigned phys, uint64_t now,

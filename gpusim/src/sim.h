@@ -24,7 +24,7 @@
 #define SIM_RUNS 512 /* busy runs kept per device for utilization */
 #define SIM_STR 96
 #define SIM_XID_RING 64 /* XID events kept per device for late readers */
-#define SIM_SEGS 32 /* service stretches kept per process, to time its events */
+#define SIM_SEGS 64 /* service stretches kept per process, to time its events */
 #define SIM_NVSWITCHES 4 /* VCUDA_SIM_NVLINK=switch: every GPU's links spread over 4 switches, */
 #define SIM_SWITCH_LINKS 18 /* 18 links per GPU, as on an HGX H100 board */
 #define SIM_ADDR_BASE 0x100000000000ULL /* fake device addresses start here */
@@ -154,8 +154,9 @@ void sim_sched_advance_all(struct sim_shared *sh, uint64_t now);
 uint64_t sim_sched_predict(const struct sim_shared *sh, unsigned phys, int slot, uint64_t pos,
                            uint64_t until);
 uint64_t sim_sched_pending(const struct sim_shared *sh, unsigned phys); /* all live processes */
-/* The time slot's served work on phys reached pos, from its service ring;
- * 0: not served yet or too long ago to tell. */
+/* The time slot's served work on phys reached pos, from its service ring
+ * (before the ring: when its oldest stretch there began, an upper bound);
+ * 0: not served yet, or no stretch on phys kept. */
 uint64_t sim_sched_served_at(const struct sim_shared *sh, unsigned phys, int slot, uint64_t pos);
 uint64_t sim_utilization_window(struct sim_shared *sh, unsigned phys, uint64_t now,
                                 uint64_t window_ns); /* advances; busy ns in (now-window, now] */

@@ -353,8 +353,8 @@ SIM_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 }
 
 /* Caller holds sim.mu. Whether e has completed; notes when, the first time
- * it is seen complete: from its process's service history, or now if that
- * is too old to tell. */
+ * it is seen complete: from its process's service history (never before it
+ * was recorded), or now if none is kept. */
 static bool event_done(struct sim_event *e)
 {
     if (!e->recorded || e->time_ns)

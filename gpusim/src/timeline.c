@@ -92,13 +92,20 @@ struct sim_ctx *sim_stream_ctx(const struct sim_stream *s)
     return s->ctx ? s->ctx : sim_current_ctx();
 }
 
-/* Caller holds the shared lock. Advances phys to now; has this process's
- * work there reached pos? A position it never had counts as reached. */
-static bool reached_locked(struct sim_shared *sh, unsigned phys, uint64_t pos, uint64_t now)
+/* Caller holds the shared lock. Has this process's work on phys reached pos
+ * (as of the last advance)? A position it never had counts as reached, and
+ * so does everything once its slot was taken from it (its work was dropped). */
+static bool reached(const struct sim_shared *sh, unsigned phys, uint64_t pos)
 {
     const struct sim_proc *p = &sh->proc[sim.slot];
+    return p->busy_ns[phys] >= pos || p->queued_ns[phys] < pos || p->pid != sim.pid;
+}
+
+/* Likewise, the schedule advanced to now first. */
+static bool reached_locked(struct sim_shared *sh, unsigned phys, uint64_t pos, uint64_t now)
+{
     sim_sched_advance(sh, phys, now);
-    return p->busy_ns[phys] >= pos || p->queued_ns[phys] < pos;
+    return reached(sh, phys, pos);
 }
 
 static bool mark_done(struct sim_mark m)
@@ -137,7 +144,7 @@ static void stream_retire(struct sim_stream *s)
 {
     while (s->count) {
         struct sim_mark m = s->pending[s->head];
-        if (sim.sh->proc[sim.slot].busy_ns[m.phys] < m.pos)
+        if (!reached(sim.sh, m.phys, m.pos))
             break;
         s->head = (s->head + 1) % s->cap;
         s->count--;

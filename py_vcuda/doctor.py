@@ -168,8 +168,13 @@ def report(simulate: bool = False) -> tuple[list[str], int]:
         return _report(None)
     # A private simulator state per check: a state file left by another vcuda version
     # (another layout) or by a concurrent doctor must not decide the verdict.
-    with tempfile.TemporaryDirectory(prefix="vcuda-doctor-", dir=runtime_dir()) as tmp:
-        return _report(Path(tmp) / "sim.state")
+    saved = dict(os.environ)
+    try:
+        with tempfile.TemporaryDirectory(prefix="vcuda-doctor-", dir=runtime_dir()) as tmp:
+            return _report(Path(tmp) / "sim.state")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _report(sim_state: Path | None) -> tuple[list[str], int]:
@@ -186,6 +191,7 @@ def _report(sim_state: Path | None) -> tuple[list[str], int]:
         from py_vcuda.sim import SimConfig
 
         extra = SimConfig(state_path=sim_state).env()
+        os.environ.update(extra)  # this process loads the driver too (driver_version); report() restores
         lines.append("using the GPU simulator (--simulate)")
     driver_path = extra.get("VCUDA_REAL_LIBCUDA") or os.environ.get("VCUDA_REAL_LIBCUDA") or "libcuda.so.1"
     nvml_path = extra.get("VCUDA_REAL_LIBNVML") or os.environ.get("VCUDA_REAL_LIBNVML") or "libnvidia-ml.so.1"

@@ -5,7 +5,8 @@ The simulator is a stand-in ``libcuda`` / ``libnvidia-ml`` (built from
 ``gpusim/``) that child processes load through ``VCUDA_REAL_LIBCUDA`` and
 ``VCUDA_REAL_LIBNVML``. All processes given the same state path share the
 simulated GPUs. A kernel runs for the microseconds in the ``uint64_t`` its
-``kernelParams[0]`` points to (see ``gpusim/include/vcudasim.h``).
+``kernelParams[0]`` points to; processes share a device round-robin in time
+slices, as a GPU without MPS does (see ``gpusim/include/vcudasim.h``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ typedef struct vcudasim_config {
     int32_t driver_version;
     uint64_t context_overhead;
     uint32_t nvswitch;
-    uint32_t reserved;
+    uint32_t timeslice_us;
 } vcudasim_config;
 typedef struct vcudasim_device {
     uint32_t index;
@@ -54,6 +55,7 @@ typedef struct vcudasim_process {
     uint64_t used;
     uint64_t busy_ns;
     uint64_t kernels;
+    uint64_t pending_ns;
 } vcudasim_process;
 int vcudasim_api_version(void);
 vcudasim_state *vcudasim_open(const char *path, int create);
@@ -68,7 +70,7 @@ int64_t vcudasim_inject_xid(vcudasim_state *st, unsigned dev, uint64_t xid);
 int vcudasim_set_lost(vcudasim_state *st, unsigned dev, int lost);
 """
 
-API_VERSION = 2
+API_VERSION = 3
 GiB = 1 << 30
 MiB = 1 << 20
 
@@ -92,6 +94,7 @@ class SimConfig:
     numa: list[int] | None = None  # NUMA node per device (-1: none); None: no NUMA at all
     nvlink: list[tuple[int, int]] | None = None  # device pairs joined by one NVLink
     nvswitch: bool = False  # every device on one NVSwitch fabric (instead of nvlink pairs)
+    timeslice_us: int = 2000  # round-robin slice between processes' kernels
 
     def env(self) -> dict[str, str]:
         """Environment variables a child process needs to use this simulator."""
@@ -104,6 +107,7 @@ class SimConfig:
             "VCUDA_SIM_CONTEXT_OVERHEAD": str(self.context_overhead),
             "VCUDA_SIM_DRIVER_VERSION": str(self.driver_version),
             "VCUDA_SIM_MAX_PENDING": str(self.max_pending),
+            "VCUDA_SIM_TIMESLICE_US": str(self.timeslice_us),
         }
         if self.uuids:
             env["VCUDA_SIM_UUIDS"] = ",".join(self.uuids)
@@ -129,9 +133,9 @@ class DeviceStats:
     name: str
     capacity: int
     used: int
-    busy_ns: int  # all kernels ever queued, exited processes included
-    kernels: int
-    busy_until_ns: int  # CLOCK_MONOTONIC
+    busy_ns: int  # kernel time served so far, exited processes included
+    kernels: int  # launched, exited processes included
+    busy_until_ns: int  # CLOCK_MONOTONIC when the queued work drains if nothing more is launched
     processes: int
     numa_node: int = -1  # -1: none configured
     nvlink_peers: frozenset[int] = frozenset()
@@ -143,9 +147,10 @@ class DeviceStats:
 class ProcessStats:
     pid: int
     used: int
-    busy_ns: int
-    kernels: int
+    busy_ns: int  # kernel time served
+    kernels: int  # launched
     contexts: int
+    pending_ns: int = 0  # kernel time queued, not yet served
 
 
 class SimError(RuntimeError):
@@ -209,7 +214,7 @@ class SimReader:
             uuids=[d.uuid for d in devs], names=[d.name for d in devs],
             driver_version=c.driver_version, max_pending=c.max_pending,
             numa=None if all(n < 0 for n in numa) else numa, nvlink=links or None,
-            nvswitch=bool(c.nvswitch),
+            nvswitch=bool(c.nvswitch), timeslice_us=c.timeslice_us,
         )
 
     def device_count(self) -> int:
@@ -243,7 +248,7 @@ class SimReader:
             if n <= cap:
                 return [
                     ProcessStats(pid=p.pid, used=p.used, busy_ns=p.busy_ns, kernels=p.kernels,
-                                 contexts=p.contexts)
+                                 contexts=p.contexts, pending_ns=p.pending_ns)
                     for p in buf[0:n]
                 ]
             cap = n

@@ -450,7 +450,10 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
      * to drain, so the hold, overrun included, stays within the quantum. */
     uint64_t early = c->drain_ns < quantum_ns / 2 ? c->drain_ns : quantum_ns / 2;
     uint64_t end = receipt + quantum_ns - early;
-    uint64_t check = quantum_ns / 4 > IDLE_CHECK_MIN_NS ? quantum_ns / 4 : IDLE_CHECK_MIN_NS;
+    /* Idle checks a quarter quantum apart, but at most a few idle graces: a tenant told to
+     * give the token back quickly (a high one) must also notice quickly that it is idle. */
+    uint64_t check = quantum_ns / 4 < 4 * c->idle_grace_ns ? quantum_ns / 4 : 4 * c->idle_grace_ns;
+    if (check < IDLE_CHECK_MIN_NS) check = IDLE_CHECK_MIN_NS;
     enum wake why = WAKE_TIMEOUT;
     atomic_store_explicit(&c->gate->launched, 0, memory_order_relaxed);
     flight_lease(c, true);

@@ -235,8 +235,10 @@ static enum room flight_room(const struct flight *f, int k, uint64_t now, uint64
     uint64_t oldest = (uint64_t)f->ring[f->head].launches * t, rest = 0;
     for (int i = 1; i < f->count; i++) rest += (uint64_t)f->ring[(f->head + i) % FLIGHT_RING].launches * t;
     if (rest > room) return BLOCK;
-    /* The oldest segment runs since its predecessor completed; unknown without one in this lease. */
-    uint64_t ran = f->have_done && now > f->done_seen_ns ? now - f->done_seen_ns : 0;
+    /* The oldest segment runs since its predecessor completed. Without one in this lease
+     * when it started is unknown: wait for it to complete, woken the moment it does. */
+    if (!f->have_done) return oldest + rest > room ? BLOCK : ROOM;
+    uint64_t ran = now > f->done_seen_ns ? now - f->done_seen_ns : 0;
     uint64_t left = ran < oldest ? oldest - ran : 0;
     if (left + rest <= room) return ROOM;
     uint64_t wait = left + rest - room;

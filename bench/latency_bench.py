@@ -20,7 +20,8 @@ the scheduler's stats) p50/p99; trainer throughput / (its standalone
 throughput x the GPU time the inference leaves), over the inference's window;
 each tenant's share error over that window: its share of GPU time against
 what the policy promises (the inference: its load alone, below its request;
-the trainer: what is left). Goals (simulator): added p99 <= 2 ms, revocation
+the trainer: what is left). GPU time over the window is what the simulator
+served each process (bench/sim_busy.py). Goals (simulator): added p99 <= 2 ms, revocation
 p99 <= budget + 0.2 ms, trainer >= 0.95 of what is left, share error <= 1 pp.
 
 Run: python bench/latency_bench.py (after `pip install .`, or with
@@ -36,12 +37,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from sim_busy import BusySampler  # noqa: E402
 
 from py_vcuda import native  # noqa: E402
 from py_vcuda.launch import Tenant, tenant_env  # noqa: E402
@@ -95,8 +99,16 @@ def run(cmds: list[tuple[list[str], dict[str, str]]]) -> list[dict[str, Any]]:
     return results
 
 
-def shared(setup: Setup, name: str, priority: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """The trainer and the inference under vcuda; returns (inference, trainer, scheduler stats)."""
+@dataclass
+class Shared:
+    inference: dict[str, Any]   # the workload's report
+    stats: dict[str, Any]       # the scheduler's, at the end of the inference
+    inference_gpu: float        # fraction of the inference's window the simulator served each
+    trainer_gpu: float
+
+
+def shared(setup: Setup, name: str, priority: str) -> Shared:
+    """The trainer and the inference under vcuda, the inference `priority`."""
     a = setup.args
     directory = Path(tempfile.mkdtemp(prefix="vlb", dir="/tmp"))  # unix socket paths are short
     daemon = spawn_daemon(directory, "--window", "10s")
@@ -113,16 +125,25 @@ def shared(setup: Setup, name: str, priority: str) -> tuple[dict[str, Any], dict
             env = tenant_env(Tenant(), base, setup.tmp / f"{name}-{tenant}.ledger")
             env["VCUDA_SCHEDULER"] = str(reply["endpoint"])
             envs.append(env)
-        trainer = subprocess.Popen(setup.train_cmd(a.seconds + 6), env=envs[1], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
-        try:
-            inference, = run([(["sh", "-c", 'sleep 2; exec "$@"', "-", *setup.infer_cmd(a.seconds)], envs[0])])
-            stats = admin.call("stats")
-        finally:
-            out, err = trainer.communicate(timeout=600)
-        if trainer.returncode != 0:
-            raise RuntimeError(f"trainer failed: {err.strip()}")
-        return inference, json.loads(out), stats
+        with BusySampler(Path(base["VCUDA_SIM_STATE"])) as sampler:
+            trainer = subprocess.Popen(setup.train_cmd(a.seconds + 30), env=envs[1], stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE, text=True)
+            try:
+                infer = subprocess.Popen(["sh", "-c", 'sleep 2; exec "$@"', "-", *setup.infer_cmd(a.seconds)],
+                                         env=envs[0], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                out, err = infer.communicate(timeout=600)
+                if infer.returncode != 0:
+                    raise RuntimeError(f"inference failed: {err.strip()}")
+                stats = admin.call("stats")
+                time.sleep(0.2)  # a sample after the window's end
+            finally:
+                trainer.kill()
+                trainer.wait()
+        inference = json.loads(out)
+        start, end = inference["start_ns"], inference["end_ns"]
+        window = sampler.window(start, end)
+        return Shared(inference, stats, sampler.busy_between(infer.pid, start, end) / window,
+                      sampler.busy_between(trainer.pid, start, end) / window)
     finally:
         admin.close()
         daemon.kill()
@@ -136,16 +157,8 @@ def pcts(result: dict[str, Any]) -> tuple[float, float, float]:
 
 
 def gpu_fraction(result: dict[str, Any]) -> float:
+    """Of a process alone: its own kernels over its own run (it synchronises before it ends)."""
     return result["busy_us"] * 1000 / (result["end_ns"] - result["start_ns"])
-
-
-def trainer_rate(trainer: dict[str, Any], start_ns: int, end_ns: int) -> float:
-    """Kernels per second between the first and the last synchronize inside [start, end]."""
-    inside = [(t, k) for t, k in trainer["syncs"] if start_ns <= t <= end_ns]
-    if len(inside) < 2:
-        raise RuntimeError("the trainer synchronised fewer than twice in the window: run longer")
-    (t0, k0), (t1, k1) = inside[0], inside[-1]
-    return (k1 - k0) * 1e9 / (t1 - t0)
 
 
 def verdict(ok: bool) -> str:
@@ -169,33 +182,30 @@ def main(argv: list[str] | None = None) -> int:
         solo_trainer, = run([(setup.train_cmd(min(args.seconds, 10.0)), setup.sim("trainer"))])
         runs = {prio: shared(setup, prio, prio) for prio in ("normal", "high")}
 
-    solo_rate = trainer_rate(solo_trainer, solo_trainer["start_ns"], solo_trainer["end_ns"])
+    solo_busy = solo_trainer["kernels"] * args.train_us * 1000 / (solo_trainer["end_ns"] - solo_trainer["start_ns"])
     alone_p = pcts(alone)
     load = gpu_fraction(alone)
     print(f"inference: {args.kernels} x {args.kernel_us} us requests, Poisson at half peak "
           f"({1e6 / (args.kernels * args.kernel_us) / 2:.1f}/s), GPU load alone {100 * load:.1f} %; "
           f"trainer: {args.depth} x {args.train_us} us between synchronizes, alone "
-          f"{solo_rate * args.train_us / 1e4:.1f} % busy; {args.seconds:.0f} s windows")
+          f"{100 * solo_busy:.1f} % busy; {args.seconds:.0f} s windows")
     print(f"  {'run':<30}{'requests':>9}{'p50 ms':>9}{'p99 ms':>9}{'p99.9 ms':>10}")
     print(f"  {'alone':<30}{alone['requests']:>9}{alone_p[0]:>9.2f}{alone_p[1]:>9.2f}{alone_p[2]:>10.2f}")
-    for prio, (inference, _trainer, _stats) in runs.items():
-        p = pcts(inference)
+    for prio, result in runs.items():
+        p = pcts(result.inference)
         label = "beside trainer, no priority" if prio == "normal" else "beside trainer, high priority"
-        print(f"  {label:<30}{inference['requests']:>9}{p[0]:>9.2f}{p[1]:>9.2f}{p[2]:>10.2f}")
+        print(f"  {label:<30}{result.inference['requests']:>9}{p[0]:>9.2f}{p[1]:>9.2f}{p[2]:>10.2f}")
 
-    inference, trainer, stats = runs["high"]
-    p = pcts(inference)
-    tenants = stats["tenants"]
+    high = runs["high"]
+    p = pcts(high.inference)
+    tenants = high.stats["tenants"]
     budget_ms = tenants["train"]["budget_us"] / 1000
     revoke = tenants["infer"]["preempt_wait_us"]
-    rate = trainer_rate(trainer, inference["start_ns"], inference["end_ns"])
-    inf_share = gpu_fraction(inference)
-    left = 1 - inf_share
-    trainer_share = rate * args.train_us / 1e6
-    ratio = rate / (solo_rate * left)
+    left = 1 - high.inference_gpu
+    ratio = high.trainer_gpu / (solo_busy * left)
     added = p[1] - alone_p[1]
-    inf_err = 100 * abs(inf_share - load)
-    train_err = 100 * abs(trainer_share - (1 - load) * solo_rate * args.train_us / 1e6)
+    inf_err = 100 * abs(high.inference_gpu - load)
+    train_err = 100 * abs(high.trainer_gpu - (1 - load) * solo_busy)
     print("with priority (goals on the simulator):")
     print(f"  added p99 latency            {added:8.2f} ms    goal <= {GOAL_ADDED_P99_MS} ms: "
           f"{verdict(added <= GOAL_ADDED_P99_MS)}")
@@ -203,11 +213,13 @@ def main(argv: list[str] | None = None) -> int:
           f"({revoke['samples']} revocations)    goal p99 <= budget {budget_ms:.2f} + {GOAL_REVOKE_SLACK_MS} ms: "
           f"{verdict(revoke['p99'] / 1000 <= budget_ms + GOAL_REVOKE_SLACK_MS)}")
     print(f"  trainer / what is left       {ratio:8.3f}       goal >= {GOAL_TRAINER}: {verdict(ratio >= GOAL_TRAINER)}"
-          f"    ({rate:.0f} kernels/s; alone {solo_rate:.0f}/s; inference leaves {100 * left:.1f} %)")
+          f"    (trainer {100 * high.trainer_gpu:.1f} % of the GPU; alone {100 * solo_busy:.1f} %; "
+          f"the inference leaves {100 * left:.1f} %)")
     print(f"  share error, inference       {inf_err:8.2f} pp      goal <= {GOAL_SHARE_PP} pp: "
-          f"{verdict(inf_err <= GOAL_SHARE_PP)}    ({100 * inf_share:.1f} % vs {100 * load:.1f} % alone)")
+          f"{verdict(inf_err <= GOAL_SHARE_PP)}    ({100 * high.inference_gpu:.1f} % vs {100 * load:.1f} % alone)")
     print(f"  share error, trainer         {train_err:8.2f} pp      goal <= {GOAL_SHARE_PP} pp: "
-          f"{verdict(train_err <= GOAL_SHARE_PP)}    ({100 * trainer_share:.1f} % of the GPU)")
+          f"{verdict(train_err <= GOAL_SHARE_PP)}    ({100 * high.trainer_gpu:.1f} % vs "
+          f"{100 * (1 - load) * solo_busy:.1f} % left by the inference's load)")
     print(f"  trainer budget waits {tenants['train']['budget_hits']}, revocations "
           f"{tenants['train']['revocations']} (reclaimed {tenants['train']['revoke_reclaims']}); "
           f"scheduler shares over its window: inference {100 * tenants['infer']['share']:.1f} %, "

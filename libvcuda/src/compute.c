@@ -457,6 +457,7 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
     uint64_t check = quantum_ns / 4 < 4 * c->idle_grace_ns ? quantum_ns / 4 : 4 * c->idle_grace_ns;
     if (check < IDLE_CHECK_MIN_NS) check = IDLE_CHECK_MIN_NS;
     enum wake why = WAKE_TIMEOUT;
+    bool idle = false; /* its work completed and no launch came within the idle grace */
     atomic_store_explicit(&c->gate->launched, 0, memory_order_relaxed);
     flight_lease(c, true);
     set_gate(c, 1);
@@ -473,6 +474,7 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
         set_gate(c, 0);
         drain_own_work(c);
         why = wait_event(c, lease, now_ns() + c->idle_grace_ns, true);
+        idle = why == WAKE_TIMEOUT;
         if (why != WAKE_LAUNCHER) break; /* idle: give the token back; or revoked, or lost */
         why = WAKE_TIMEOUT;
         if (now_ns() >= end) break;
@@ -490,6 +492,8 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
     bool more;
     if (why == WAKE_REVOKED) {
         more = busy(c); /* answer at once: the revoking tenant waits */
+    } else if (idle) {
+        more = false; /* it just waited its grace for a launch */
     } else {
         /* A process that was waiting on its own work launches again as soon as
          * it completed: ask again at once (MORE) rather than queue behind others. */

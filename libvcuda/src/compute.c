@@ -63,6 +63,7 @@ enum { ERR_STALE_LEASE = 5, ERR_LEASE_EXPIRED = 6, ERR_TENANT_REMOVED = 9 };
 #define UNCHECKED (INT_MAX / 2)       /* countdown where no budget applies: no scheduler, no lease */
 #define FLIGHT_RING 16                /* checkpoints tracked at once */
 #define FLIGHT_MAX_K 256              /* launches between checkpoints at most: budget changes apply soon */
+#define FLIGHT_MAX_K_UNSURE 64        /* ... while only upper bounds of the time per launch are known */
 #define FLIGHT_LEAD_NS 100000ull      /* issue the next launch this long before the GPU would run dry */
 #define FLIGHT_POLL_NS 500000ull      /* a wait on an estimate looks at the checkpoints again this often */
 #define CLIENT_TIMER_SLACK_NS 1000    /* the client thread's sleeps end within 1 us, not the default 50 */
@@ -90,6 +91,7 @@ struct flight {
     bool have_done;
     uint64_t done_seen_ns;                 /* when we saw it complete (its successor started after) */
     uint64_t launch_ns;                    /* measured GPU time per launch; 0: not yet */
+    uint64_t launch_bound_ns;              /* an upper bound of it, from segments with idle gaps; 0: none */
     _Atomic int k;                         /* launches between checkpoints */
     _Atomic int waiting;                   /* threads waiting for room: the process is busy, not idle */
     uint32_t hits;                         /* checkpoints that had to wait, since the last REPORT */
@@ -169,17 +171,20 @@ static bool connected(struct token_client *c) {
 
 /* ---- in-flight budget ------------------------------------------------------------------------ */
 
-static int flight_k(uint64_t budget_ns, uint64_t launch_ns) {
-    if (launch_ns == 0) return 1;
-    uint64_t k = budget_ns / (2 * launch_ns);
-    return k < 1 ? 1 : k > FLIGHT_MAX_K ? FLIGHT_MAX_K : (int)k;
+/* Caller holds f->lock. Launches between checkpoints: half the budget's worth, from the
+ * measured time per launch, else (fewer) from an upper bound of it, else one. */
+static void flight_update_k(struct flight *f) {
+    uint64_t t = f->launch_ns ? f->launch_ns : f->launch_bound_ns;
+    uint64_t most = f->launch_ns ? FLIGHT_MAX_K : FLIGHT_MAX_K_UNSURE;
+    uint64_t k = t ? f->budget_ns / (2 * t) : 1;
+    atomic_store_explicit(&f->k, k < 1 ? 1 : k > most ? (int)most : (int)k, memory_order_relaxed);
 }
 
 static void flight_set_budget(struct token_client *c, uint64_t budget_ns) {
     struct flight *f = &c->flight;
     pthread_mutex_lock(&f->lock);
     f->budget_ns = budget_ns;
-    atomic_store_explicit(&f->k, flight_k(budget_ns, f->launch_ns), memory_order_relaxed);
+    flight_update_k(f);
     pthread_mutex_unlock(&f->lock);
 }
 
@@ -197,12 +202,14 @@ static void flight_complete_front(struct flight *f, uint64_t seen_ns) {
     f->count--;
     if (f->have_done) {
         float ms = 0;
-        if (cp.backlogged && cp.launches > 0 &&
-            vcuda_real.cuEventElapsedTime(&ms, f->done.event, cp.event) == CUDA_SUCCESS && ms >= 0) {
-            uint64_t per = (uint64_t)((double)ms * 1e6) / cp.launches;
-            f->launch_ns = f->launch_ns ? (f->launch_ns + per) / 2 : per;
-            if (f->launch_ns == 0) f->launch_ns = 1;
-            atomic_store_explicit(&f->k, flight_k(f->budget_ns, f->launch_ns), memory_order_relaxed);
+        if (cp.launches > 0 && vcuda_real.cuEventElapsedTime(&ms, f->done.event, cp.event) == CUDA_SUCCESS &&
+            ms >= 0) {
+            uint64_t per = (uint64_t)((double)ms * 1e6) / cp.launches + 1;
+            if (cp.backlogged) /* GPU time: an average of the last few */
+                f->launch_ns = f->launch_ns ? (f->launch_ns + per) / 2 : per;
+            else /* idle gaps included: only ever an upper bound */
+                f->launch_bound_ns = f->launch_bound_ns && f->launch_bound_ns < per ? f->launch_bound_ns : per;
+            flight_update_k(f);
         }
         spare_put(f, f->done.event);
     }
@@ -639,7 +646,7 @@ static void clients_reset(void) {
         pthread_mutex_init(&c->lock, NULL);
         pthread_cond_init(&c->opened, NULL);
         pthread_mutex_init(&c->flight.lock, NULL);
-        c->flight.budget_ns = DEFAULT_BUDGET_NS;
+        c->flight.budget_ns = DEFAULT_BUDGET_NS; /* and launch_ns = 0: measured on the first leases */
         c->idle_grace_ns = IDLE_GRACE_NS;
         atomic_store(&c->flight.k, 1);
         /* Without a scheduler nothing is limited: the gate stays open. */

@@ -8,7 +8,7 @@ Each tenant is bench/c/workload.c `train` (KERNEL_US, DEPTH launches between
 synchronizes) under libvcuda with its own ledger and scheduler endpoint; one
 token_scheduler daemon (window 2 s) decides. Shares are the GPU time the
 simulator served each process over a common window after a warm-up
-(bench/sim_busy.py): a deep queue's last batch may outlive the window.
+(bench/workload.py): a deep queue's last batch may outlive the window.
 Goal (issue 15): share error <= 2 percentage points in every configuration.
 
 Run: python bench/compute_bench.py (after `pip install .`, or with
@@ -31,7 +31,7 @@ from typing import NamedTuple
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sim_busy import BusySampler  # noqa: E402
+from workload import BusySampler, build  # noqa: E402
 
 from py_vcuda.launch import Tenant, tenant_env  # noqa: E402
 from py_vcuda.sim import SimConfig  # noqa: E402
@@ -69,13 +69,6 @@ SCENARIOS: list[tuple[str, list[Load]]] = [
     ("deep", [Load(10, 10, 100, 1000), Load(20, 20, 2000, 200), Load(30, 30, 500, 10), Load(40, 40, 2000, 4)]),
 ]
 
-
-def build(out_dir: Path) -> Path:
-    exe = out_dir / "workload"
-    cc = os.environ.get("CC") or shutil.which("cc") or "gcc"
-    subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", f"-I{REPO / 'libvcuda' / 'include'}",
-                    "-o", str(exe), str(REPO / "bench" / "c" / "workload.c"), "-ldl", "-lm"], check=True)
-    return exe
 
 
 def sim_env(tmp: Path, name: str) -> dict[str, str]:

@@ -21,7 +21,7 @@ throughput x the GPU time the inference leaves), over the inference's window;
 each tenant's share error over that window: its share of GPU time against
 what the policy promises (the inference: its load alone, below its request;
 the trainer: what is left). GPU time over the window is what the simulator
-served each process (bench/sim_busy.py). Goals (simulator): added p99 <= 2 ms, revocation
+served each process (bench/workload.py). Goals (simulator): added p99 <= 2 ms, revocation
 p99 <= budget + 0.2 ms, trainer >= 0.95 of what is left, share error <= 1 pp.
 
 Run: python bench/latency_bench.py (after `pip install .`, or with
@@ -45,7 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sim_busy import BusySampler  # noqa: E402
+from workload import BusySampler, build  # noqa: E402
 
 from py_vcuda import native  # noqa: E402
 from py_vcuda.launch import Tenant, tenant_env  # noqa: E402
@@ -59,13 +59,6 @@ GOAL_REVOKE_SLACK_MS = 0.2
 GOAL_TRAINER = 0.95
 GOAL_SHARE_PP = 1.0
 
-
-def build(out_dir: Path) -> Path:
-    exe = out_dir / "workload"
-    cc = os.environ.get("CC") or shutil.which("cc") or "gcc"
-    subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", f"-I{REPO / 'libvcuda' / 'include'}",
-                    "-o", str(exe), str(REPO / "bench" / "c" / "workload.c"), "-ldl", "-lm"], check=True)
-    return exe
 
 
 @dataclass

@@ -172,11 +172,14 @@ def test_latency_sensitive_tenant_waits_at_most_a_quantum(scheduler: AdminClient
     assert float(line["worst_us"]) <= 50_000 + SYNC_EVERY * KERNEL_US + 10_000
 
 
+@pytest.mark.parametrize("priority", ["normal", "high"])
 def test_killed_holder_costs_at_most_its_lease(scheduler: AdminClient, cuprobe: Path, shim: Path,
-                                               sim_env: dict[str, str], tmp_path: Path) -> None:
+                                               sim_env: dict[str, str], tmp_path: Path, priority: str) -> None:
+    """A holder SIGKILLed while it holds the token (`high`: one nobody revokes) frees it:
+    its connection closes and the scheduler forgets it at once."""
     import signal
 
-    a = scheduler.call("add", tenant="a", request=50, limit=100)["endpoint"]
+    a = scheduler.call("add", tenant="a", request=50, limit=100, priority=priority)["endpoint"]
     b = scheduler.call("add", tenant="b", request=50, limit=100)["endpoint"]
     pa = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "a", str(a)), 10_000)
     pb = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "b", str(b)), 4000)
@@ -333,23 +336,6 @@ def test_saturating_high_tenant_cannot_push_a_normal_one_below_its_request(
     pn = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "normal", normal), 8000)
     (bh, _), (bn, _) = busy_us(ph), busy_us(pn)
     assert 100 * bn / (bh + bn) >= 70 - 2.0, f"normal tenant got {100 * bn / (bh + bn):.1f} %"
-
-
-def test_killed_high_holder_frees_the_gpu(scheduler: AdminClient, cuprobe: Path, shim: Path,
-                                          sim_env: dict[str, str], tmp_path: Path) -> None:
-    import signal
-
-    high = add(scheduler, "high", 50, 100, priority="high")
-    normal = add(scheduler, "normal", 50, 100)
-    ph = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "high", high), 10_000)
-    pn = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "normal", normal), 4000)
-    time.sleep(1.5)
-    ph.send_signal(signal.SIGKILL)  # while it holds the token about half the time
-    ph.wait()
-    busy, wall = busy_us(pn)
-    stats = scheduler.call("stats")["tenants"]
-    assert stats["normal"]["wait_us"]["max"] <= 50_000 + 10_000 + 50_000
-    assert busy / wall >= 0.6
 
 
 def test_stopped_holder_is_reclaimed_after_its_budget(scheduler: AdminClient, cuprobe: Path, shim: Path,

@@ -1,4 +1,5 @@
-"""GPU time each process was served on the simulator, sampled over a run (for the benches).
+"""The benches' GPU workloads (bench/c/workload.c) and the GPU time each process
+was served on the simulator, sampled over a run.
 
 The simulator charges a process's busy time as its work is served (gpusim's
 vcudasim.h), so the difference of two samples is the GPU time it got between
@@ -9,11 +10,25 @@ common window when some queue seconds of work between synchronizes.
 from __future__ import annotations
 
 import bisect
+import os
+import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 from py_vcuda.sim import SimReader
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build(out_dir: Path) -> Path:
+    """Compile bench/c/workload.c into out_dir; returns the executable."""
+    exe = out_dir / "workload"
+    cc = os.environ.get("CC") or shutil.which("cc") or "gcc"
+    subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", f"-I{REPO / 'libvcuda' / 'include'}",
+                    "-o", str(exe), str(REPO / "bench" / "c" / "workload.c"), "-ldl", "-lm"], check=True)
+    return exe
 
 
 class BusySampler:

@@ -19,7 +19,9 @@
  * In-flight budget ("flight"): while a lease is held, every K-th launch of a
  * thread records a checkpoint event on its stream. Checkpoints complete in
  * order; the GPU time of one launch is measured between two of them
- * (cuEventElapsedTime, conservative: idle gaps count). The launcher then
+ * (cuEventElapsedTime) when the later one was queued behind the earlier, so
+ * the GPU ran them back to back; across an idle gap the figure is only an
+ * upper bound, used for K until a back-to-back one comes. The launcher then
  * waits while the work still in flight, estimated from the pending
  * checkpoints and how long the oldest has been running, leaves no room for
  * its next K launches under the budget: blocking on the oldest checkpoint

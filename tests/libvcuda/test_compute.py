@@ -254,12 +254,20 @@ def test_each_device_has_its_own_token(tmp_path: Path, cuprobe: Path, shim: Path
             admin.wait_ready()
             reply = admin.call("add", tenant="x", request=share, limit=share)
             env[f"VCUDA_SCHEDULER_{gpu}"] = str(reply["endpoint"])
-        out = subprocess.run([str(cuprobe), "init", f"spindevs:{KERNEL_US}:5000:{SYNC_EVERY}:2"], env=env,
-                             capture_output=True, text=True, timeout=120)
-        line = next(d for d in parse(out.stdout) if d["cmd"] == "spindevs")
-        assert line["rc"] == "0", out.stderr
+        proc = subprocess.Popen([str(cuprobe), "init", f"spindevs:{KERNEL_US}:5000:{SYNC_EVERY}:2"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # The schedulers' shares while it runs, past the first window: a 2 s window holds only
+        # ~40 quanta, so one reading is off by up to a quantum; the mean of several is the share.
+        time.sleep(2.5)
+        readings = []
+        for _ in range(5):
+            readings.append([admin.call("stats")["tenants"]["x"]["share"] for admin in admins])
+            time.sleep(0.4)
+        shares = [statistics.fmean(r[gpu] for r in readings) for gpu in (0, 1)]
+        out, err = proc.communicate(timeout=120)
+        line = next(d for d in parse(out) if d["cmd"] == "spindevs")
+        assert line["rc"] == "0", err
         wall = float(line["wall_us"])
-        shares = [admin.call("stats")["tenants"]["x"]["share"] for admin in admins]
     finally:
         for admin in admins:
             admin.close()

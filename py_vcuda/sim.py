@@ -80,6 +80,7 @@ int vcudasim_set_lost(vcudasim_state *st, unsigned dev, int lost);
 API_VERSION = 3
 GiB = 1 << 30
 MiB = 1 << 20
+KiB = 1 << 10
 
 
 # The breakdown of a process's (or device's) physical use, in vcudasim.h's

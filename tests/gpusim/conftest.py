@@ -57,8 +57,8 @@ class Children:
         self.exe, self.env = exe, env
         self.procs: list[subprocess.Popen[str]] = []
 
-    def spawn(self, *cmds: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen([str(self.exe), *cmds], env={**os.environ, **self.env},
+    def spawn(self, *cmds: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        proc = subprocess.Popen([str(self.exe), *cmds], env={**os.environ, **self.env, **(env or {})},
                                 text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
         self.procs.append(proc)

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
 from device_plugin.config import resolve
 from device_plugin.inventory import Inventory
 from device_plugin.testing import TestKubelet, wait_for
+from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from py_vcuda import native
 from py_vcuda.nvml import GPUInfo
 from py_vcuda.sim import GiB, SimConfig

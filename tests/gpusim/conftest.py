@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from simtool import Line, parse
 
 from py_vcuda.sim import GiB, MiB, SimConfig
 
@@ -24,36 +24,20 @@ def sim(tmp_path: Path) -> SimConfig:
 
 
 @pytest.fixture(scope="session")
-def build_sim(build_c: Callable[..., Path], lib_dir: Path) -> Callable[[str], Path]:
-    """Builds tests/c/<name> linked against libvcuda-sim-cuda.so."""
+def build_sim(build_c: Callable[..., Path], lib_dir: Path) -> Callable[..., Path]:
+    """Builds tests/c/<name> (and more sources) linked against libvcuda-sim-cuda.so."""
 
-    def build(name: str) -> Path:
-        return build_c([name], flags=SIM_FLAGS,
+    def build(name: str, *more: str) -> Path:
+        return build_c([name, *more], flags=SIM_FLAGS,
                        libs=[f"-L{lib_dir}", "-lvcuda-sim-cuda", f"-Wl,-rpath,{lib_dir}"])
 
     return build
 
 
-@dataclass
-class Line:
-    cmd: str
-    rc: int
-    rest: list[str]
-
-
-def parse(out: str) -> list[Line]:
-    lines = []
-    for raw in out.splitlines():
-        parts = raw.split()
-        if len(parts) >= 2 and parts[1].lstrip("-").isdigit():
-            lines.append(Line(parts[0], int(parts[1]), parts[2:]))
-    return lines
-
-
 @pytest.fixture
-def tool(build_sim: Callable[[str], Path], sim: SimConfig) -> Callable[..., list[Line]]:
+def tool(build_sim: Callable[..., Path], sim: SimConfig) -> Callable[..., list[Line]]:
     """Runs sim_tool with commands; returns its parsed output lines."""
-    exe = build_sim("sim_tool.c")
+    exe = build_sim("sim_tool.c", "sim_tool_mem.c")
 
     def run(*cmds: str, env: dict[str, str] | None = None, timeout: float = 20) -> list[Line]:
         proc = subprocess.run([str(exe), *cmds], env={**os.environ, **sim.env(), **(env or {})},
@@ -73,8 +57,8 @@ class Children:
         self.exe, self.env = exe, env
         self.procs: list[subprocess.Popen[str]] = []
 
-    def spawn(self, *cmds: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen([str(self.exe), *cmds], env={**os.environ, **self.env},
+    def spawn(self, *cmds: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        proc = subprocess.Popen([str(self.exe), *cmds], env={**os.environ, **self.env, **(env or {})},
                                 text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
         self.procs.append(proc)
@@ -109,3 +93,4 @@ def children(tool: Callable[..., list[Line]], sim: SimConfig) -> Iterator[Childr
     kids = Children(tool.exe, sim.env())  # type: ignore[attr-defined]
     yield kids
     kids.close()
+

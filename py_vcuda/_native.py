@@ -29,16 +29,12 @@ typedef struct {
     uint64_t peak;
     uint64_t oom_denials;
     uint64_t context_overhead;
-    uint64_t unattributed;
 } vcuda_device_usage;
 typedef struct {
     int32_t pid;
     int32_t alive;
     uint64_t start_time;
     uint64_t used[16];
-    int32_t slot;
-    int32_t host_pid;
-    uint64_t pid_ns;
 } vcuda_process_usage;
 vcuda_ledger_map *vcuda_ledger_open_file(const char *path, int create, char *err, size_t errlen);
 void vcuda_ledger_close_file(vcuda_ledger_map *ledger);
@@ -46,9 +42,6 @@ int vcuda_ledger_read_devices(vcuda_ledger_map *ledger, vcuda_device_usage *out,
 int vcuda_ledger_read_processes(vcuda_ledger_map *ledger, vcuda_process_usage *out, int max);
 int vcuda_ledger_reclaim_dead(vcuda_ledger_map *ledger);
 int vcuda_ledger_set_limit(vcuda_ledger_map *ledger, const char *uuid, uint64_t limit);
-int vcuda_ledger_set_unattributed(vcuda_ledger_map *ledger, const char *uuid, uint64_t bytes);
-int vcuda_ledger_set_host_pid(vcuda_ledger_map *ledger, int slot, int32_t pid, uint64_t start_time,
-                              int32_t host_pid);
 """
 
 ffi = FFI()

@@ -28,18 +28,14 @@ class DeviceUsage:
     peak: int
     oom_denials: int
     context_overhead: int
-    unattributed: int = 0  # held beyond `used`, as the reconciler measured (not in `used`)
 
 
 @dataclass(frozen=True)
 class ProcessUsage:
-    pid: int  # in the process's own pid namespace
+    pid: int
     alive: bool
     start_time: int
     used: tuple[int, ...]  # by device record index
-    slot: int = -1
-    host_pid: int = 0  # 0: not mapped yet
-    pid_ns: int = 0  # inode of its pid namespace, 0: unknown
 
 
 class Ledger:
@@ -77,7 +73,6 @@ class Ledger:
                 peak=int(d.peak),
                 oom_denials=int(d.oom_denials),
                 context_overhead=int(d.context_overhead),
-                unattributed=int(d.unattributed),
             )
             for d in out[0:n]
         ]
@@ -87,8 +82,7 @@ class Ledger:
         n = lib().vcuda_ledger_read_processes(self._handle, out, MAX_PROCESSES)
         return [
             ProcessUsage(pid=int(p.pid), alive=bool(p.alive), start_time=int(p.start_time),
-                         used=tuple(int(u) for u in p.used), slot=int(p.slot), host_pid=int(p.host_pid),
-                         pid_ns=int(p.pid_ns))
+                         used=tuple(int(u) for u in p.used))
             for p in out[0:n]
         ]
 
@@ -99,12 +93,3 @@ class Ledger:
         value = UNLIMITED if limit is None else limit
         if lib().vcuda_ledger_set_limit(self._handle, uuid.encode(), value) != 0:
             raise LedgerError(f"ledger {self.path} has no room for another device")
-
-    def set_unattributed(self, uuid: str, nbytes: int) -> None:
-        """Record what the device's processes hold beyond `used` (the reconciler's figure)."""
-        if lib().vcuda_ledger_set_unattributed(self._handle, uuid.encode(), nbytes) != 0:
-            raise LedgerError(f"ledger {self.path} has no record of device {uuid}")
-
-    def set_host_pid(self, proc: ProcessUsage, host_pid: int) -> bool:
-        """Record the host pid of `proc`; False when its slot changed hands meanwhile."""
-        return lib().vcuda_ledger_set_host_pid(self._handle, proc.slot, proc.pid, proc.start_time, host_pid) == 0

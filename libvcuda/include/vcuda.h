@@ -40,17 +40,13 @@ typedef struct {
     uint64_t peak;
     uint64_t oom_denials;
     uint64_t context_overhead;
-    uint64_t unattributed; /* held by the container beyond `used`, as the reconciler measured */
 } vcuda_device_usage;
 
 typedef struct {
-    int32_t pid;   /* in the process's own pid namespace */
+    int32_t pid;
     int32_t alive;
     uint64_t start_time;
     uint64_t used[VCUDA_LEDGER_DEVICES]; /* by device record index */
-    int32_t slot;     /* process slot index, for vcuda_ledger_set_host_pid */
-    int32_t host_pid; /* 0: not mapped yet */
-    uint64_t pid_ns;  /* inode of its pid namespace, 0: unknown */
 } vcuda_process_usage;
 
 /* Maps a ledger file; NULL with a message naming the path in err on failure. */
@@ -64,14 +60,6 @@ VCUDA_API int vcuda_ledger_read_processes(vcuda_ledger_map *ledger, vcuda_proces
 VCUDA_API int vcuda_ledger_reclaim_dead(vcuda_ledger_map *ledger);
 /* Sets the limit recorded for a device (creating its record); -1 when full. */
 VCUDA_API int vcuda_ledger_set_limit(vcuda_ledger_map *ledger, const char *uuid, uint64_t limit);
-/* Records the bytes a device's processes hold that no hook saw (the
- * reconciler's measurement); later allocations must fit beneath them. -1
- * when the ledger has no record of the device. */
-VCUDA_API int vcuda_ledger_set_unattributed(vcuda_ledger_map *ledger, const char *uuid, uint64_t bytes);
-/* Records the host pid of the process in `slot`, if the slot still belongs
- * to (pid, start_time); 0 on success, -1 otherwise. */
-VCUDA_API int vcuda_ledger_set_host_pid(vcuda_ledger_map *ledger, int slot, int32_t pid, uint64_t start_time,
-                                        int32_t host_pid);
 
 #ifdef __cplusplus
 }

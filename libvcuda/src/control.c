@@ -81,7 +81,6 @@ VCUDA_API int vcuda_ledger_read_devices(vcuda_ledger_map *map, vcuda_device_usag
         u->oom_denials = atomic_load(&d->oom_denials);
         uint64_t overhead = atomic_load(&d->context_overhead);
         u->context_overhead = overhead == UINT64_MAX ? 0 : overhead; /* UINT64_MAX: unmeasurable */
-        u->unattributed = atomic_load(&d->unattributed);
     }
     return n;
 }
@@ -97,9 +96,6 @@ VCUDA_API int vcuda_ledger_read_processes(vcuda_ledger_map *map, vcuda_process_u
         u->start_time = atomic_load(&p->start_time);
         u->alive = vcuda_prim_alive(u->pid, u->start_time);
         for (int d = 0; d < VCUDA_MAX_DEVICES; d++) u->used[d] = atomic_load(&p->used[d]);
-        u->slot = i;
-        u->host_pid = (int32_t)atomic_load(&p->host_pid);
-        u->pid_ns = atomic_load(&p->pid_ns);
     }
     return n;
 }
@@ -112,24 +108,6 @@ VCUDA_API int vcuda_ledger_set_limit(vcuda_ledger_map *map, const char *uuid, ui
     /* Pin first: a process naming the device now keeps this limit, not its own. */
     atomic_store(&map->ledger.file->devices[dev].limit_pinned, 1);
     atomic_store(&map->ledger.file->devices[dev].limit, limit);
-    return 0;
-}
-
-VCUDA_API int vcuda_ledger_set_unattributed(vcuda_ledger_map *map, const char *uuid, uint64_t bytes) {
-    int dev = uuid ? vcuda_ledger_find_device(&map->ledger, uuid) : -1;
-    if (dev < 0) return -1;
-    atomic_store(&map->ledger.file->devices[dev].unattributed, bytes);
-    return 0;
-}
-
-VCUDA_API int vcuda_ledger_set_host_pid(vcuda_ledger_map *map, int slot, int32_t pid, uint64_t start_time,
-                                        int32_t host_pid) {
-    if (slot < 0 || slot >= VCUDA_LEDGER_MAX_PROCS) return -1;
-    struct vcuda_ledger_proc *p = &map->ledger.file->procs[slot];
-    uint64_t owner = atomic_load_explicit(&p->owner, memory_order_acquire);
-    if ((owner & 0xff) != VCUDA_SLOT_LIVE || (int32_t)(owner >> 8) != pid || atomic_load(&p->start_time) != start_time)
-        return -1;
-    atomic_store(&p->host_pid, host_pid);
     return 0;
 }
 

@@ -169,12 +169,10 @@ static void drain_slot(struct vcuda_ledger *ledger, struct vcuda_ledger_proc *p)
         if (used) atomic_fetch_sub(&ledger->file->devices[d].used, used);
     }
     atomic_store(&p->start_time, 0);
-    atomic_store(&p->pid_ns, 0);
-    atomic_store(&p->host_pid, 0);
     atomic_store_explicit(&p->owner, 0, memory_order_release);
 }
 
-int vcuda_ledger_attach(struct vcuda_ledger *ledger, pid_t pid, uint64_t start_time, uint64_t pid_ns) {
+int vcuda_ledger_attach(struct vcuda_ledger *ledger, pid_t pid, uint64_t start_time) {
     /* exec keeps pid and start time but the driver freed the old image's memory:
      * a slot that names this very process belongs to a previous image. */
     for (int i = 0; i < VCUDA_LEDGER_MAX_PROCS; i++) {
@@ -193,8 +191,6 @@ int vcuda_ledger_attach(struct vcuda_ledger *ledger, pid_t pid, uint64_t start_t
             if (!atomic_compare_exchange_strong(&p->owner, &expected, OWNER(pid, VCUDA_SLOT_CLAIMING)))
                 continue;
             atomic_store(&p->start_time, start_time);
-            atomic_store(&p->pid_ns, pid_ns);
-            atomic_store(&p->host_pid, 0);
             for (int d = 0; d < VCUDA_MAX_DEVICES; d++) atomic_store(&p->used[d], 0);
             atomic_store_explicit(&p->owner, OWNER(pid, VCUDA_SLOT_LIVE), memory_order_release);
             return i;
@@ -229,12 +225,9 @@ int vcuda_ledger_reclaim(struct vcuda_ledger *ledger) {
 }
 
 static bool try_reserve(struct vcuda_ledger_device *d, uint64_t bytes, uint64_t limit) {
-    uint64_t unattributed = atomic_load_explicit(&d->unattributed, memory_order_relaxed);
-    if (bytes > limit || unattributed > limit - bytes) return false;
-    uint64_t room = limit - bytes - unattributed;
     uint64_t used = atomic_load_explicit(&d->used, memory_order_relaxed);
     for (;;) {
-        if (used > room) return false;
+        if (bytes > limit || used > limit - bytes) return false;
         if (atomic_compare_exchange_weak_explicit(&d->used, &used, used + bytes,
                                                   memory_order_acq_rel, memory_order_relaxed))
             break;

@@ -19,9 +19,7 @@
 #include "config.h"
 
 #define VCUDA_LEDGER_MAGIC "VCUDALDG"
-/* 2: per device the reconciler's unattributed bytes; per process slot its pid
- * namespace and the host pid the node agent mapped it to. */
-#define VCUDA_LEDGER_VERSION 2u
+#define VCUDA_LEDGER_VERSION 1u
 #define VCUDA_LEDGER_MAX_PROCS 1024
 #define VCUDA_LEDGER_UUID_LEN 48
 
@@ -38,11 +36,7 @@ struct vcuda_ledger_device {
     /* 1: `limit` was set through vcuda_ledger_set_limit (the device plugin, live
      * quota changes) and wins over every process's VCUDA_MEMORY_LIMIT. */
     _Atomic uint64_t limit_pinned;
-    /* Device memory the container's processes hold that no hook saw (module
-     * code, context growth), as the reconciler last measured it from NVML.
-     * Not part of `used`: an allocation must fit under limit - used - unattributed. */
-    _Atomic uint64_t unattributed;
-    uint64_t reserved[8];
+    uint64_t reserved[9];
 };
 
 /* owner = pid << 8 | state, so pid and state change together in one CAS. */
@@ -52,12 +46,6 @@ struct vcuda_ledger_proc {
     _Atomic uint64_t owner;
     _Atomic uint64_t start_time;
     _Atomic uint64_t used[VCUDA_MAX_DEVICES];
-    /* Inode of the process's pid namespace (/proc/self/ns/pid), written at
-     * attach: with the pid it names the process on the host. 0: unknown. */
-    _Atomic uint64_t pid_ns;
-    /* The process's pid in the host's namespace (what NVML reports), written
-     * by the node agent once it has mapped the slot; 0: not mapped. */
-    _Atomic int64_t host_pid;
 };
 
 struct vcuda_ledger_header {
@@ -97,18 +85,18 @@ int vcuda_ledger_device(struct vcuda_ledger *ledger, const char *uuid);
 /* Index of the device record for `uuid`, or -1. */
 int vcuda_ledger_find_device(const struct vcuda_ledger *ledger, const char *uuid);
 
-/* Claim a process slot for (pid, start_time) in pid namespace pid_ns; -1 when none is free. */
-int vcuda_ledger_attach(struct vcuda_ledger *ledger, pid_t pid, uint64_t start_time, uint64_t pid_ns);
+/* Claim a process slot for (pid, start_time); -1 when none is free. */
+int vcuda_ledger_attach(struct vcuda_ledger *ledger, pid_t pid, uint64_t start_time);
 /* Give back a slot, releasing whatever usage it still holds. */
 void vcuda_ledger_detach(struct vcuda_ledger *ledger, int slot);
 
 /* Charge `bytes` on device `dev` to `slot` if it fits under `limit` (the
- * caller's view of the limit, VCUDA_UNLIMITED for none) less the device's
- * unattributed bytes. Reclaims dead processes' usage once before refusing,
- * and counts the refusal as an OOM denial. */
+ * caller's view of the limit, VCUDA_UNLIMITED for none). Reclaims dead
+ * processes' usage once before refusing. */
 bool vcuda_ledger_reserve(struct vcuda_ledger *ledger, int slot, int dev, uint64_t bytes,
                           uint64_t limit);
-/* The same without counting a refusal: for a caller that tries again. */
+/* The same without counting a refusal as an OOM denial: for a caller that
+ * tries again (trim before deny, quota.c). */
 bool vcuda_ledger_reserve_quiet(struct vcuda_ledger *ledger, int slot, int dev, uint64_t bytes,
                                 uint64_t limit);
 void vcuda_ledger_count_denial(struct vcuda_ledger *ledger, int dev);

@@ -281,8 +281,7 @@ CUresult vc_cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
 
 void vcuda_quota_view(int dev, uint64_t limit, uint64_t *free_bytes, uint64_t *total_bytes) {
     if (limit == VCUDA_UNLIMITED) return;
-    const struct vcuda_ledger_device *d = &vcuda_proc.ledger.file->devices[dev];
-    uint64_t used = atomic_load(&d->used) + atomic_load(&d->unattributed);
+    uint64_t used = atomic_load(&vcuda_proc.ledger.file->devices[dev].used);
     uint64_t total = limit < *total_bytes ? limit : *total_bytes;
     uint64_t left = used < total ? total - used : 0;
     *total_bytes = total;

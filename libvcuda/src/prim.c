@@ -47,12 +47,3 @@ int vcuda_prim_alive(pid_t pid, uint64_t start_time) {
     if (state == 'Z' || state == 'X') return 0;
     return start_time == 0 || now == start_time;
 }
-
-uint64_t vcuda_prim_pid_ns(void) {
-    char link[64];
-    ssize_t n = readlink("/proc/self/ns/pid", link, sizeof link - 1);
-    if (n <= 0) return 0;
-    link[n] = '\0';
-    const char *open = strchr(link, '[');
-    return open ? strtoull(open + 1, NULL, 10) : 0;
-}

@@ -7,8 +7,6 @@
  *   surviving pid reuse.
  * vcuda_prim_alive(pid, start_time): 1 if that very process still runs, else 0.
  *   A zero start_time is checked by pid alone.
- * vcuda_prim_pid_ns(): the inode of the calling process's pid namespace
- *   (/proc/self/ns/pid -> "pid:[N]"), 0 when it cannot be read.
  */
 #ifndef VCUDA_PRIM_H
 #define VCUDA_PRIM_H
@@ -18,6 +16,5 @@
 
 uint64_t vcuda_prim_start_time(pid_t pid);
 int vcuda_prim_alive(pid_t pid, uint64_t start_time);
-uint64_t vcuda_prim_pid_ns(void);
 
 #endif

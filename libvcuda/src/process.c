@@ -48,7 +48,7 @@ static CUresult attach_slow(void) {
         }
     }
     pid_t pid = getpid();
-    vcuda_proc.slot = vcuda_ledger_attach(&vcuda_proc.ledger, pid, vcuda_prim_start_time(pid), vcuda_prim_pid_ns());
+    vcuda_proc.slot = vcuda_ledger_attach(&vcuda_proc.ledger, pid, vcuda_prim_start_time(pid));
     if (vcuda_proc.slot < 0) {
         vcuda_error("ledger %s has no free process slot (%d live processes)",
                     vcuda_config.ledger[0] ? vcuda_config.ledger : "(private)", VCUDA_LEDGER_MAX_PROCS);

@@ -57,7 +57,7 @@ class Container:
     def charged(self) -> int:
         with Ledger(self.env["VCUDA_LEDGER"]) as ledger:
             devices = ledger.devices()
-            return sum(d.used + d.unattributed for d in devices)
+            return sum(d.used for d in devices)  # the reconciler's unattributed bytes are part of it
 
     def check(self, after: str) -> tuple[int, int]:
         """Asserts physical use <= ledger <= limit; returns (physical, ledger)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -213,38 +212,3 @@ def test_limit_changed_in_the_ledger_applies_to_running_processes(cuprobe: Path,
                          timeout=60)
     info = next(d for d in parse(out.stdout) if d["cmd"] == "info")
     assert int(info["total"]) == 512 * MiB, out.stderr  # the pinned limit, not 4 GiB
-
-
-def test_unattributed_memory_is_room_allocations_must_fit_beneath(cuprobe: Path,
-                                                                  probe_env: dict[str, str]) -> None:
-    """What the reconciler writes as unattributed (memory no hook saw) counts against the
-    quota of every process of the container, and shows in the quota view; each slot
-    carries its pid namespace, and the host pid the node agent maps it to."""
-    proc = start_holding(cuprobe, probe_env, ["init", "ctx", "hold", f"alloc:{512 * MiB}", "info", "hold",
-                                              f"alloc:{512 * MiB}", "hold"])
-    try:
-        wait_holding(proc)
-        with Ledger(probe_env["VCUDA_LEDGER"]) as ledger:
-            (dev,) = ledger.devices()
-            ledger.set_unattributed(dev.uuid, 500 * MiB)
-            (slot,) = ledger.processes()
-            assert slot.pid == proc.pid
-            assert slot.pid_ns == os.stat("/proc/self/ns/pid").st_ino
-            assert slot.host_pid == 0
-            assert ledger.set_host_pid(slot, 4242)
-            assert not ledger.set_host_pid(dataclasses.replace(slot, start_time=slot.start_time + 1), 1)
-            assert ledger.processes()[0].host_pid == 4242
-            with pytest.raises(LedgerError, match="no record"):
-                ledger.set_unattributed("GPU-not-here", 1)
-        (step,) = resume([proc])
-        # 64 MiB context + 500 MiB unattributed + 512 MiB > 1 GiB: refused, and the view agrees.
-        assert next(d for d in step if d["cmd"] == "alloc")["rc"] == "2"
-        assert int(next(d for d in step if d["cmd"] == "info")["free"]) == LIMIT - OVERHEAD - 500 * MiB
-        with Ledger(probe_env["VCUDA_LEDGER"]) as ledger:
-            dev = ledger.devices()[0]
-            assert (dev.used, dev.unattributed) == (OVERHEAD, 500 * MiB)
-            ledger.set_unattributed(dev.uuid, 0)
-        (step,) = resume([proc])
-        assert step[-1]["cmd"] == "alloc" and step[-1]["rc"] == "0"
-    finally:
-        finish(proc)

@@ -21,7 +21,7 @@ from types import TracebackType
 import cffi
 
 from py_vcuda import native
-from py_vcuda.nvml import NVML
+from py_vcuda.nvml import NVML, open_with_env
 
 _CDEF = """
 typedef struct vcudasim_state vcudasim_state;
@@ -326,25 +326,10 @@ class SimReader:
 def nvml_session(cfg: SimConfig) -> Iterator[NVML]:
     """An NVML session on this simulator inside this process (tests, demos).
 
-    The simulator reads ``VCUDA_SIM_*`` when NVML initialises, so they are set
-    only for that moment. The process's first session picks the state file:
-    NVML keeps it open while any session is, as the real library keeps its
-    driver.
+    The process's first session picks the state file: NVML keeps it open
+    while any session is, as the real library keeps its driver.
     """
-    env = cfg.env()
-    optional = ("VCUDA_SIM_UUIDS", "VCUDA_SIM_NAMES", "VCUDA_SIM_NUMA", "VCUDA_SIM_NVLINK")
-    saved = {k: os.environ.get(k) for k in (*env, *optional)}
-    for k in optional:
-        os.environ.pop(k, None)  # an unset knob means its default, whatever this process has
-    os.environ.update(env)
-    try:
-        nvml = NVML(env["VCUDA_REAL_LIBNVML"])
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    nvml = open_with_env(cfg.env())
     try:
         yield nvml
     finally:

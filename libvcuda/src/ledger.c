@@ -224,6 +224,14 @@ int vcuda_ledger_reclaim(struct vcuda_ledger *ledger) {
     return reclaimed;
 }
 
+static void raise_peak(struct vcuda_ledger_device *d, uint64_t now) {
+    uint64_t peak = atomic_load_explicit(&d->peak, memory_order_relaxed);
+    while (now > peak &&
+           !atomic_compare_exchange_weak_explicit(&d->peak, &peak, now, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+    }
+}
+
 static bool try_reserve(struct vcuda_ledger_device *d, uint64_t bytes, uint64_t limit) {
     uint64_t used = atomic_load_explicit(&d->used, memory_order_relaxed);
     for (;;) {
@@ -232,12 +240,7 @@ static bool try_reserve(struct vcuda_ledger_device *d, uint64_t bytes, uint64_t 
                                                   memory_order_acq_rel, memory_order_relaxed))
             break;
     }
-    uint64_t now = used + bytes;
-    uint64_t peak = atomic_load_explicit(&d->peak, memory_order_relaxed);
-    while (now > peak &&
-           !atomic_compare_exchange_weak_explicit(&d->peak, &peak, now, memory_order_relaxed,
-                                                  memory_order_relaxed)) {
-    }
+    raise_peak(d, used + bytes);
     return true;
 }
 
@@ -260,6 +263,15 @@ bool vcuda_ledger_reserve(struct vcuda_ledger *ledger, int slot, int dev, uint64
     if (vcuda_ledger_reserve_quiet(ledger, slot, dev, bytes, limit)) return true;
     vcuda_ledger_count_denial(ledger, dev);
     return false;
+}
+
+void vcuda_ledger_charge_unattributed(struct vcuda_ledger *ledger, int dev, uint64_t bytes) {
+    struct vcuda_ledger_device *d = &ledger->file->devices[dev];
+    uint64_t old = atomic_exchange_explicit(&d->unattributed, bytes, memory_order_acq_rel);
+    if (bytes > old)
+        raise_peak(d, atomic_fetch_add_explicit(&d->used, bytes - old, memory_order_acq_rel) + bytes - old);
+    else if (old > bytes)
+        atomic_fetch_sub_explicit(&d->used, old - bytes, memory_order_acq_rel);
 }
 
 void vcuda_ledger_release(struct vcuda_ledger *ledger, int slot, int dev, uint64_t bytes) {

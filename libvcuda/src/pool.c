@@ -91,19 +91,24 @@ static void update_releasable(struct pool *p) {
     atomic_fetch_add(&releasable_pools, releasable ? 1 : -1);
 }
 
-/* Trues p's charge to its reservation and in-flight allowances, keeping up to
- * `headroom` more while it reserves anything. Caller holds p->lock. Returns
- * the bytes given back. */
+/* Trues p's charge down to its reservation and in-flight allowances, keeping
+ * up to `headroom` more while it reserves anything. Caller holds p->lock.
+ * Returns the bytes given back.
+ *
+ * Allowances were charged before their allocations, so the charge covers the
+ * reservation read whatever has grown meanwhile; reservation + allowances
+ * can exceed it only by counting twice a growth that is read already but
+ * whose allocation has not settled yet. Only a reservation beyond the charge
+ * itself is more than the allowances foresaw. */
 static uint64_t settle(struct pool *p, uint64_t headroom) {
     static _Atomic int warned;
-    uint64_t need = p->reserved + p->inflight;
-    if (p->charged < need) {
+    if (p->charged < p->reserved) {
         warn_once(&warned, "a memory pool grew beyond the allowance vcuda charged before the allocation; "
                            "charging what it holds");
-        vcuda_quota_force(p->dev, need - p->charged);
-        p->charged = need;
+        vcuda_quota_force(p->dev, p->reserved - p->charged);
+        p->charged = p->reserved;
     }
-    uint64_t keep = need + (p->reserved ? headroom : 0), given = 0;
+    uint64_t keep = p->reserved + p->inflight + (p->reserved ? headroom : 0), given = 0;
     if (p->charged > keep) {
         given = p->charged - keep;
         vcuda_quota_give(p->dev, given);

@@ -74,6 +74,13 @@ static void warn_once(_Atomic int *flag, const char *what) {
     if (atomic_exchange(flag, 1) == 0) vcuda_warn("%s", what);
 }
 
+/* A reservation the driver will not report: its upper bound, said once. */
+static void warn_unreported(void) {
+    static _Atomic int warned;
+    warn_once(&warned, "the driver does not report a memory pool's reservation; charging each allocation's "
+                       "largest possible growth, and never less than that");
+}
+
 /* A cuuint64_t attribute of pool h; false when the driver will not tell. */
 static bool pool_attr(CUmemoryPool h, CUmemPool_attribute attr, uint64_t *out) {
     cuuint64_t v = 0;
@@ -120,13 +127,12 @@ static uint64_t settle(struct pool *p, uint64_t headroom) {
 
 /* Reads p's reservation again and trues its charge. Caller holds p->lock. */
 static uint64_t refresh_locked(struct pool *p, uint64_t headroom) {
-    static _Atomic int warned;
     if (p->zombie) return 0;
     uint64_t reserved;
     if (pool_attr(atomic_load(&p->handle), CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved))
         p->reserved = reserved;
     else /* keep the last figure: a charge never drops on a guess */
-        warn_once(&warned, "the driver does not report a memory pool's reservation; keeping its last charge");
+        warn_unreported();
     return settle(p, headroom);
 }
 
@@ -249,15 +255,13 @@ static CUresult claim(struct pool *p, uint64_t grow, uint64_t limit) {
 }
 
 static void after_alloc(struct pool *p, uint64_t grow) {
-    static _Atomic int warned;
     pthread_mutex_lock(&p->lock);
     p->inflight -= grow;
     uint64_t reserved;
     if (pool_attr(atomic_load(&p->handle), CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved)) {
         p->reserved = reserved;
     } else { /* the conservative upper bound: the whole allowance became reservation */
-        warn_once(&warned, "the driver does not report a memory pool's reservation; charging each "
-                           "allocation's largest possible growth");
+        warn_unreported();
         p->reserved += grow;
     }
     settle(p, POOL_GROWTH);

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import BuildC
 from shimtest import OVERHEAD, MiB, StepProbe
 
+from py_vcuda import native
 from py_vcuda.ledger import Ledger
 from py_vcuda.sim import SimReader
 
@@ -43,8 +45,8 @@ class Container:
     cuprobe: Path
     probes: list[StepProbe] = field(default_factory=list)
 
-    def start(self) -> StepProbe:
-        probe = StepProbe(str(self.cuprobe), self.env, ["--via=proc"])
+    def start(self, door: str = "proc") -> StepProbe:
+        probe = StepProbe(str(self.cuprobe), self.env, [f"--via={door}"])
         self.probes.append(probe)
         return probe
 
@@ -98,8 +100,8 @@ def container(cuprobe: Path, shim: Path, sim_env: dict[str, str], tmp_path: Path
             p.close()
 
 
-def started(c: Container) -> StepProbe:
-    probe = c.start()
+def started(c: Container, door: str = "proc") -> StepProbe:
+    probe = c.start(door)
     c.ok(probe, "init", "ctx")
     return probe
 
@@ -303,3 +305,28 @@ def test_one_containers_pool_never_fails_anothers_allocation(container: MakeCont
 
     seen = churn(a, pa, random.Random(7), 250, [], after_step=b_reallocates)
     assert seen["refused"] > 0 and seen["cached_max"] > CHUNK, seen
+
+
+def test_unreported_attributes_are_charged_at_their_upper_bound(container: MakeContainer, build_c: BuildC,
+                                                                 lib_dir: Path) -> None:
+    """A driver that will not report a function's local size or a pool's reservation:
+    the shim charges the upper bound and says so once, never runs unlimited."""
+    mute = build_c(["mute_driver.c"], flags=["-shared", "-fPIC"],
+                   libs=[f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", "-Wl,--no-as-needed", f"-l:{native.SIM_CUDA}"])
+    c = container(GiB, VCUDA_REAL_LIBCUDA=str(mute))
+    probe = started(c, door="dlsym")
+    # Any frame may be up to 512 KiB per thread: no quota holds that for 132 x 2048 threads.
+    assert c.step(probe, f"mod:{MODULE}")["rc"] == "0"
+    assert c.step(probe, "func:small")["rc"] == "2"
+    assert c.check("func") == (OVERHEAD, OVERHEAD)
+    # Each allocation's whole allowance is taken as pool growth, and nothing is ever
+    # given back on a guess: the quota runs out, the device never runs past it.
+    results = []
+    for _ in range(40):
+        results.append(int(c.step(probe, f"async:{MiB}")["rc"]))
+        if results[-1] == 0:
+            c.ok(probe, "drop:0", "sync")
+    assert results[:29] == [0] * 29 and results[-1] == 2, results
+    stderr = probe.stderr()
+    for what in ("a function's local memory size", "a memory pool's reservation"):
+        assert stderr.count(f"does not report {what}") == 1, stderr

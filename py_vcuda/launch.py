@@ -1,4 +1,9 @@
-"""Running a command under quotas on this machine (`vcuda run`)."""
+"""Running a command under quotas on this machine (`vcuda run`).
+
+While the command runs, a memory reconciler (py_vcuda.memory_reconciler)
+keeps the run's ledger at no less than what NVML says its processes hold,
+whatever no hook charged (lazy module code, context growth); without NVML
+(no GPU here) there is nothing to reconcile and it does not start."""
 
 from __future__ import annotations
 
@@ -11,12 +16,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from node_state.layout import SCHEDULER_DIR_KEY, ContainerRecord, NodeLayout, ledger_in
 from py_vcuda import native
+from py_vcuda.memory_reconciler import Account, MemoryReconciler
+from py_vcuda.nvml import NVML, NVMLUnavailable, open_with_env
 from token_scheduler.admin_client import AdminClient
 
 
@@ -136,9 +143,11 @@ def run(command: Sequence[str], tenant: Tenant, base_env: Mapping[str, str] | No
             shutil.rmtree(record_dir, ignore_errors=True)
             raise SchedulerError(f"the token scheduler refused the compute quota: {reply.get('error')}")
         env["VCUDA_SCHEDULER"] = str(reply["endpoint"])
+    watch = _MemoryWatch(name, ledger, env)
     try:
-        return _supervise(command, env)
+        return _supervise(command, env, watch.start)
     finally:
+        watch.stop()
         if admin is not None:
             with contextlib.suppress(TimeoutError):
                 admin.call("remove", tenant=name)
@@ -148,11 +157,40 @@ def run(command: Sequence[str], tenant: Tenant, base_env: Mapping[str, str] | No
         shutil.rmtree(record_dir, ignore_errors=True)
 
 
-def _supervise(command: Sequence[str], env: dict[str, str]) -> int:
+class _MemoryWatch:
+    """The run's memory reconciler: its account is the run's ledger and the command's process tree."""
+
+    def __init__(self, name: str, ledger: Path, env: Mapping[str, str]) -> None:
+        self.name, self.ledger, self.env = name, ledger, env
+        self.nvml: NVML | None = None
+        self.reconciler: MemoryReconciler | None = None
+
+    def start(self, root_pid: int) -> None:
+        try:
+            self.nvml = open_with_env(self.env)
+        except NVMLUnavailable:
+            return  # no GPU driver here: nothing holds GPU memory to reconcile
+        except Exception as exc:  # the hooks still hold the quota; say what is missing on top
+            print(f"vcuda run: warning: memory reconciler off, NVML failed: {exc}", file=sys.stderr)
+            return
+        account = Account(key=self.name, ledger=self.ledger, root_pid=root_pid)
+        self.reconciler = MemoryReconciler(lambda: [account], self.nvml)
+        self.reconciler.start()
+
+    def stop(self) -> None:
+        if self.reconciler is not None:
+            self.reconciler.stop()
+        if self.nvml is not None:
+            self.nvml.close()
+
+
+def _supervise(command: Sequence[str], env: dict[str, str],
+               started: Callable[[int], None] = lambda pid: None) -> int:
     try:
         proc = subprocess.Popen(list(command), env=env)
     except FileNotFoundError:
         raise SystemExit(f"vcuda run: command not found: {command[0]}") from None
+    started(proc.pid)
     # The child gets terminal signals itself; pass on the ones sent to us alone.
     forwarded = (signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, lambda sig, _f: proc.send_signal(sig)) for s in forwarded}

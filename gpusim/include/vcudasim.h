@@ -96,7 +96,8 @@
  *  (heap: CU_LIMIT_MALLOC_HEAP_SIZE, fifo: CU_LIMIT_PRINTF_FIFO_SIZE,
  *  pending: CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT, charged at
  *  cuCtxSetLimit.) A launch or cuCtxSetLimit whose growth does not fit returns
- *  CUDA_ERROR_OUT_OF_MEMORY and changes nothing (the kernel is not queued).
+ *  CUDA_ERROR_OUT_OF_MEMORY and reserves nothing (the kernel is not queued;
+ *  code its first launch loaded stays loaded).
  *  CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH: CUDA_ERROR_UNSUPPORTED_LIMIT (compute
  *  capability 9.0); SHMEM_SIZE / CIG_ENABLED: query only. The formula is the
  *  simulator's reading of the documentation: to verify on hardware.
@@ -109,7 +110,8 @@
  *      default local=<bytes> code=<bytes>  for kernels not listed
  *      kernel <name> local=<bytes> code=<bytes>
  *  Sizes are bytes or quantities (16Ki, 2Mi); a missing field is 0 (code:
- *  the default line's, else KERNEL_CODE). A malformed descriptor:
+ *  that of the last default line before it, else KERNEL_CODE; kernels not
+ *  listed take the last default line). A malformed descriptor:
  *  CUDA_ERROR_INVALID_IMAGE. Any other image: every kernel has local 0 and
  *  code KERNEL_CODE. Example: "vcudasim-module;kernel big local=16Ki".
  *  CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES (cuFuncGetAttribute,

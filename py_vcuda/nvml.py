@@ -23,6 +23,8 @@ from typing import Literal
 
 import pynvml
 
+from py_vcuda.environ import overlay
+
 DEFAULT_LIBRARY = "libnvidia-ml.so.1"
 SYSFS = Path("/sys")
 _load_lock = threading.Lock()
@@ -88,21 +90,10 @@ def _optional(fn, *args):  # type: ignore[no-untyped-def]
 
 def open_with_env(env: Mapping[str, str]) -> NVML:
     """An NVML session as a child process with `env` would open it: the library
-    `env` names (VCUDA_REAL_LIBNVML), and its VCUDA_* variables set while NVML
-    initialises, which is when the GPU simulator reads its configuration."""
-    keys = {k for k in (*env, *os.environ) if k.startswith("VCUDA_")}
-    saved = {k: os.environ.get(k) for k in keys}
-    for k in keys:
-        os.environ.pop(k, None)  # a knob the child does not have means its default
-    os.environ.update({k: env[k] for k in keys if k in env})
-    try:
+    `env` names (VCUDA_REAL_LIBNVML), and only its VCUDA_* variables set while
+    NVML initialises, which is when the GPU simulator reads its configuration."""
+    with overlay({k: v for k, v in env.items() if k.startswith("VCUDA_")}, clear_prefix="VCUDA_"):
         return NVML(env.get("VCUDA_REAL_LIBNVML") or DEFAULT_LIBRARY)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 class NVML:

@@ -387,20 +387,20 @@ static CUdevice exec_device(CUgraphExec exec, bool forget) {
     return ordinal;
 }
 
+/* An upload returned `rc`: it mapped the graph's memory. */
+static CUresult uploaded(CUresult rc, CUgraphExec exec) {
+    if (rc == CUDA_SUCCESS) refresh(exec_device(exec, false));
+    return rc;
+}
+
 CUresult vc_cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuGraphUpload, "cuGraphUpload");
-    if (rc != CUDA_SUCCESS) return rc;
-    rc = vcuda_real.cuGraphUpload(hGraphExec, hStream);
-    if (rc == CUDA_SUCCESS) refresh(exec_device(hGraphExec, false));
-    return rc;
+    return rc != CUDA_SUCCESS ? rc : uploaded(vcuda_real.cuGraphUpload(hGraphExec, hStream), hGraphExec);
 }
 
 CUresult vc_cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuGraphUpload_ptsz, "cuGraphUpload_ptsz");
-    if (rc != CUDA_SUCCESS) return rc;
-    rc = vcuda_real.cuGraphUpload_ptsz(hGraphExec, hStream);
-    if (rc == CUDA_SUCCESS) refresh(exec_device(hGraphExec, false));
-    return rc;
+    return rc != CUDA_SUCCESS ? rc : uploaded(vcuda_real.cuGraphUpload_ptsz(hGraphExec, hStream), hGraphExec);
 }
 
 CUresult vc_cuGraphExecDestroy(CUgraphExec hGraphExec) {

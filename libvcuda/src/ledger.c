@@ -244,18 +244,25 @@ static bool try_reserve(struct vcuda_ledger_device *d, uint64_t bytes, uint64_t 
     return true;
 }
 
-bool vcuda_ledger_reserve(struct vcuda_ledger *ledger, int slot, int dev, uint64_t bytes,
-                          uint64_t limit) {
+bool vcuda_ledger_reserve_quiet(struct vcuda_ledger *ledger, int slot, int dev, uint64_t bytes,
+                                uint64_t limit) {
     struct vcuda_ledger_device *d = &ledger->file->devices[dev];
-    if (!try_reserve(d, bytes, limit)) {
-        /* A dead process's usage is returned before anyone is refused. */
-        if (vcuda_ledger_reclaim(ledger) == 0 || !try_reserve(d, bytes, limit)) {
-            atomic_fetch_add_explicit(&d->oom_denials, 1, memory_order_relaxed);
-            return false;
-        }
-    }
+    /* A dead process's usage is returned before anyone is refused. */
+    if (!try_reserve(d, bytes, limit) && (vcuda_ledger_reclaim(ledger) == 0 || !try_reserve(d, bytes, limit)))
+        return false;
     atomic_fetch_add_explicit(&ledger->file->procs[slot].used[dev], bytes, memory_order_relaxed);
     return true;
+}
+
+void vcuda_ledger_count_denial(struct vcuda_ledger *ledger, int dev) {
+    atomic_fetch_add_explicit(&ledger->file->devices[dev].oom_denials, 1, memory_order_relaxed);
+}
+
+bool vcuda_ledger_reserve(struct vcuda_ledger *ledger, int slot, int dev, uint64_t bytes,
+                          uint64_t limit) {
+    if (vcuda_ledger_reserve_quiet(ledger, slot, dev, bytes, limit)) return true;
+    vcuda_ledger_count_denial(ledger, dev);
+    return false;
 }
 
 void vcuda_ledger_charge_unattributed(struct vcuda_ledger *ledger, int dev, uint64_t bytes) {

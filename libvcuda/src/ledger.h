@@ -101,6 +101,11 @@ void vcuda_ledger_detach(struct vcuda_ledger *ledger, int slot);
  * processes' usage once before refusing. */
 bool vcuda_ledger_reserve(struct vcuda_ledger *ledger, int slot, int dev, uint64_t bytes,
                           uint64_t limit);
+/* The same without counting a refusal as an OOM denial: for a caller that
+ * tries again (trim before deny, quota.c). */
+bool vcuda_ledger_reserve_quiet(struct vcuda_ledger *ledger, int slot, int dev, uint64_t bytes,
+                                uint64_t limit);
+void vcuda_ledger_count_denial(struct vcuda_ledger *ledger, int dev);
 void vcuda_ledger_release(struct vcuda_ledger *ledger, int slot, int dev, uint64_t bytes);
 
 /* Makes the device's unattributed charge `bytes`, moving `used` by the

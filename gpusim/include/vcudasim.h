@@ -21,7 +21,8 @@
  *    reaches the queued count just after its launch. Stream, event and
  *    context completion, cuStreamQuery/cuEventQuery and the synchronize
  *    calls follow that. A wait sleeps until the completion predicted if no
- *    process launches more, then looks again (at least every 10 ms).
+ *    process launches more, then looks again (at least every 10 ms while
+ *    other processes have work queued).
  *  - A stream holds at most VCUDA_SIM_MAX_PENDING (default 1024) kernels
  *    not yet complete; a launch beyond that blocks until its oldest completes.
  *  - Busy time (device and process busy_ns, NVML utilization) is charged as

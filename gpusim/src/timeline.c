@@ -11,8 +11,9 @@
 #include "api.h"
 #include "sim.h"
 
-/* A wait sleeps at most this long before looking again: a process that dies
- * brings completions forward, which no prediction foresees. */
+/* While other processes have work queued, a wait sleeps at most this long
+ * before looking again: one that dies brings completions forward, which no
+ * prediction foresees. */
 #define SIM_RECHECK_NS 10000000ull
 
 static pthread_key_t pts_key;
@@ -132,7 +133,10 @@ static void mark_wait(struct sim_mark m)
             sim_unlock(sh);
             return;
         }
-        uint64_t t = sim_sched_predict(sh, m.phys, sim.slot, m.pos, now + SIM_RECHECK_NS);
+        const struct sim_proc *p = &sh->proc[sim.slot];
+        bool alone = sim_sched_pending(sh, m.phys) == p->queued_ns[m.phys] - p->busy_ns[m.phys];
+        uint64_t t = sim_sched_predict(sh, m.phys, sim.slot, m.pos,
+                                       alone ? UINT64_MAX : now + SIM_RECHECK_NS);
         sim_unlock(sh);
         sim_sleep_until(t);
     }

@@ -15,21 +15,21 @@ from typing import Any
 
 from device_plugin import mps, pgpu, vgpu
 from device_plugin.config import PluginConfig
-from device_plugin.containers import ContainerStore
 from device_plugin.inventory import Health, Inventory
 from device_plugin.kubelet import Endpoint, Registrar, ResourcePlugin
-from device_plugin.labels import write_feature_file
-from device_plugin.layout import NodeLayout
+from device_plugin.labels import cuda_labels, write_feature_file
 from device_plugin.metrics import start_exporter
-from device_plugin.node_topology import Annotate, TopologyPublisher
-from device_plugin.podresources import PodResourcesClient
+from device_plugin.node_topology import NodePatch, NodePublisher, encode
 from device_plugin.pods import PodSource
 from device_plugin.reconcile import Reconciler
-from device_plugin.schedulers import TokenScheduler
-from device_plugin.supervisor import Child, Supervisor
+from kube_contract.names import Names
+from kube_contract.podresources import PodResourcesClient
+from node_state.containers import ContainerStore
+from node_state.layout import NodeLayout
+from node_state.schedulers import TokenScheduler
+from node_state.supervisor import Child, Supervisor
 from py_vcuda import native
 from py_vcuda.nvml import NVML
-from scheduler_extender.names import Names
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def nvml_health(nvml: NVML, ignored_xids: str | None) -> HealthFactory:
 class Agent:
     def __init__(self, config: PluginConfig, *, inventory: Inventory, pods: PodSource,
                  nvml: NVML | None = None, health_factory: HealthFactory | None = None,
-                 pod_watch: WatchFactory | None = None, annotate_node: Annotate | None = None) -> None:
+                 pod_watch: WatchFactory | None = None, patch_node: NodePatch | None = None) -> None:
         self.config = config
         self.inventory = inventory
         self.pods = pods
@@ -80,8 +80,13 @@ class Agent:
                                      in_use=in_use, grace_s=config.cleanup_grace_s, interval_s=config.resync_s)
         self.pod_watch = pod_watch(self.reconciler.wake) if pod_watch else None
         # The extender places vgpu requests only: the other modes have nothing to tell it.
-        self.topology = TopologyPublisher(annotate_node, self.names.topology, inventory) \
-            if annotate_node is not None and config.mode == "vgpu" else None
+        metadata: dict[str, dict[str, str]] = {}
+        if config.mode == "vgpu":
+            metadata["annotations"] = {self.names.topology: encode(inventory)}
+        if nvml is not None:
+            metadata["labels"] = cuda_labels(nvml)
+        self.node_publisher = NodePublisher(patch_node, metadata) \
+            if patch_node is not None and metadata else None
         self._stop_exporter: Callable[[], None] | None = None
 
     def _plugins(self, children: list[Child]) -> list[ResourcePlugin]:
@@ -119,8 +124,8 @@ class Agent:
         if self.health_monitor is not None:
             self.health_monitor.start()
         self._write_labels()
-        if self.topology is not None:
-            self.topology.start()
+        if self.node_publisher is not None:
+            self.node_publisher.start()
         self._start_exporter()
         self.reconciler.start()
         if self.pod_watch is not None:
@@ -132,8 +137,8 @@ class Agent:
         if self.pod_watch is not None:
             self.pod_watch.stop()
         self.reconciler.stop()
-        if self.topology is not None:
-            self.topology.stop()
+        if self.node_publisher is not None:
+            self.node_publisher.stop()
         if self._stop_exporter is not None:
             self._stop_exporter()
         if self.health_monitor is not None:

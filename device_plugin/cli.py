@@ -18,7 +18,7 @@ from device_plugin import config as configlib
 
 if TYPE_CHECKING:  # the agent's modules load grpc and NVML: only `run` needs them, not `vcuda --help`
     from device_plugin.agent import WatchFactory
-    from device_plugin.node_topology import Annotate
+    from device_plugin.node_topology import NodePatch
     from device_plugin.pods import PodSource
 
 log = logging.getLogger("device_plugin")
@@ -34,24 +34,37 @@ class Cluster:
 
     pods: PodSource
     watch: WatchFactory | None = None
-    annotate_node: Annotate | None = None
+    patch_node: NodePatch | None = None
 
 
-def cluster(kubeconfig: str | None, node: str) -> Cluster:
-    """This node's pods, a watch on them and a way to annotate the Node; NoPods without an API server."""
+class NoAPIServer(RuntimeError):
+    """vgpu mode with no API server and no --without-api-server: memory quotas would be lost."""
+
+
+def cluster(kubeconfig: str | None, node: str, *, require: bool = False) -> Cluster:
+    """This node's pods, a watch on them and a way to label and annotate the Node; NoPods without an API server.
+
+    With `require`, no API server raises NoAPIServer instead: vgpu mode finds each container's
+    memory request through its pod, and a quota that cannot be applied must not become unlimited.
+    """
     from device_plugin.node_topology import KubeNode
     from device_plugin.pods import KubePods, NoPods, PodWatch
 
     try:
         from kubernetes import client
 
-        from scheduler_extender.kube import make_api_client
+        from kube_contract.apiclient import make_api_client
 
         api = client.CoreV1Api(make_api_client(kubeconfig))
     except Exception as exc:   # the kubernetes client raises several unrelated types here
+        if require:
+            raise NoAPIServer(
+                f"no API server ({exc}): vgpu mode needs it to apply each container's memory request; "
+                "give --kubeconfig, run in-cluster, or pass --without-api-server to run with memory "
+                "requests NOT enforced") from None
         log.warning("no API server (%s): pods are not identified; fine on single-GPU nodes only", exc)
         return Cluster(NoPods(str(exc)))
-    return Cluster(KubePods(api), lambda on_event: PodWatch(api, node, on_event), KubeNode(api, node).annotate)
+    return Cluster(KubePods(api), lambda on_event: PodWatch(api, node, on_event), KubeNode(api, node).patch)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,10 +97,10 @@ def run(args: argparse.Namespace) -> int:
             health = nvml_health(nvml, cfg.ignored_xids)
         except ImportError as exc:
             log.warning("GPU health monitoring unavailable: %s", exc)
-        api = cluster(cfg.kubeconfig, cfg.node_name)
+        api = cluster(cfg.kubeconfig, cfg.node_name, require=cfg.mode == "vgpu" and not cfg.without_api_server)
         agent = Agent(cfg, inventory=Inventory.from_nvml(nvml), pods=api.pods, nvml=nvml, health_factory=health,
-                      pod_watch=api.watch, annotate_node=api.annotate_node)
-    except (StartError, ValueError) as exc:
+                      pod_watch=api.watch, patch_node=api.patch_node)
+    except (StartError, ValueError, NoAPIServer) as exc:
         print(f"vcuda device-plugin: {exc}", file=sys.stderr)
         nvml.close()
         return 2

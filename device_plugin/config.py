@@ -13,7 +13,7 @@ Environment variables (all optional):
 ``VCUDA_PLUGIN_MODE``              vgpu, pgpu or mps
 ``VCUDA_PLUGIN_DEVICE_PLUGIN_DIR`` kubelet's device-plugins directory
 ``VCUDA_PLUGIN_POD_RESOURCES_SOCKET``  kubelet pod-resources socket
-``VCUDA_PLUGIN_STATE_DIR``         node state directory (device_plugin.layout)
+``VCUDA_PLUGIN_STATE_DIR``         node state directory (node_state.layout)
 ``VCUDA_PLUGIN_METRICS_PORT``      Prometheus port, 0 disables
 ``VCUDA_PLUGIN_NODE_NAME``         this node's name (also ``NODE_NAME``)
 ``VCUDA_PLUGIN_RESOURCE_DOMAIN``   vgpu resource domain (tencent.com)
@@ -23,6 +23,7 @@ Environment variables (all optional):
 ``VCUDA_PLUGIN_HOST_LIB_DIR``      host directory holding libvcuda.so
 ``VCUDA_PLUGIN_MPS_CONTROL``       nvidia-cuda-mps-control binary
 ``VCUDA_PLUGIN_KUBECONFIG``        kubeconfig ("" : in-cluster, else none)
+``VCUDA_PLUGIN_WITHOUT_API_SERVER`` 1: vgpu mode may run with no API server (memory NOT enforced)
 ``VCUDA_PLUGIN_RESYNC_S``          seconds between quota/cleanup passes (30)
 ``VCUDA_PLUGIN_CLEANUP_GRACE_S``   seconds before an unused container dir goes (60)
 ``VCUDA_PLUGIN_LOG_LEVEL``         debug, info, warning, error
@@ -41,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from device_plugin.layout import MODES
+from node_state.layout import MODES
 
 ENV_PREFIX = "VCUDA_PLUGIN_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -83,6 +84,12 @@ def _level(text: str) -> str:
     return text.lower()
 
 
+def _flag(text: str) -> bool:
+    if text.lower() not in ("1", "true", "yes", "0", "false", "no", ""):
+        raise ValueError("must be 1/true/yes or 0/false/no")
+    return text.lower() in ("1", "true", "yes")
+
+
 def _positive(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -118,6 +125,10 @@ OPTIONS: tuple[Option, ...] = (
            "host directory with libvcuda.so, mounted into vgpu containers"),
     Option("mps_control", "nvidia-cuda-mps-control", str, "MPS control daemon binary (mps mode)"),
     Option("kubeconfig", None, str, "kubeconfig for the API server (default: in-cluster)"),
+    Option("without_api_server", False, _flag,
+           "vgpu mode: start even with no API server. Memory requests (vcuda-memory units, "
+           "vcuda.io/memory) are then NOT enforced, as containers cannot be told apart; "
+           "without this flag vgpu mode refuses to start"),
     Option("resync_s", 30.0, _positive, "seconds between pod/quota/cleanup passes besides those pod events start"),
     Option("cleanup_grace_s", 60.0, _positive,
            "seconds a container's devices may be missing from pod-resources before its directory goes"),
@@ -140,6 +151,7 @@ class PluginConfig:
     host_lib_dir: Path
     mps_control: str
     kubeconfig: str | None
+    without_api_server: bool
     resync_s: float
     cleanup_grace_s: float
     log_level: str
@@ -156,8 +168,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for option in OPTIONS:
         flag = "--" + option.name.replace("_", "-")
         default = option.default if option.default is not None else "unset"
-        parser.add_argument(flag, dest=option.name, default=None,
-                            help=f"{option.help} [env {env_name(option)}; default {default}]")
+        help_text = f"{option.help} [env {env_name(option)}; default {default}]"
+        if option.parse is _flag:  # a switch: present is true
+            parser.add_argument(flag, dest=option.name, default=None, action="store_const", const="1",
+                                help=help_text)
+        else:
+            parser.add_argument(flag, dest=option.name, default=None, help=help_text)
 
 
 def read_file(path: Path) -> dict[str, Any]:

@@ -9,7 +9,7 @@ with the messages kubelet sends. `restart()` does what a kubelet restart
 does: plugin sockets are wiped and kubelet.sock is re-created.
 
 Used by tests/device_plugin and bench/plugin_bench.py, with the fake Kubernetes
-API server scheduler_extender.testing.FakeApiServer.
+API server kube_contract.testing.FakeApiServer.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any
 
 import grpc
 
-from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
-from device_plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from device_plugin.api import podresources_v1_pb2 as prpb
-from device_plugin.api import podresources_v1_pb2_grpc as prpb_grpc
+from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
+from kube_contract.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from kube_contract.api import podresources_v1_pb2 as prpb
+from kube_contract.api import podresources_v1_pb2_grpc as prpb_grpc
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:

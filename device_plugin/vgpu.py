@@ -24,8 +24,12 @@ from pathlib import Path
 import grpc
 
 from device_plugin import pods as podlib
-from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
-from device_plugin.containers import (
+from device_plugin.inventory import Health, Inventory, best_set, logical_devices, parse_ids
+from device_plugin.kubelet import AllocationError, mount
+from device_plugin.quota import QuotaError, quota
+from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
+from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
+from node_state.containers import (
     CONTAINER_DIR,
     CONTAINER_LEDGER,
     CONTAINER_LIB,
@@ -33,16 +37,11 @@ from device_plugin.containers import (
     CONTAINER_SCHEDULER,
     PRELOAD_FILE,
     ContainerStore,
-    mount,
     new_key,
 )
-from device_plugin.inventory import Health, Inventory, best_set, logical_devices, parse_ids
-from device_plugin.kubelet import AllocationError
-from device_plugin.layout import ContainerRecord
-from device_plugin.quota import QuotaError, quota
-from device_plugin.schedulers import SchedulerError, TokenScheduler, remove_tenant
+from node_state.layout import ContainerRecord
+from node_state.schedulers import SchedulerError, TokenScheduler, remove_tenant
 from py_vcuda.nvml import GPUInfo
-from scheduler_extender.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
 
 log = logging.getLogger(__name__)
 
@@ -326,6 +325,10 @@ class MemoryPlugin:
 
     def allocate(self, device_ids: Sequence[str]) -> pb.ContainerAllocateResponse:
         parse_ids(device_ids, self.ctx.inventory, memory_units_of)
+        if device_ids and isinstance(self.ctx.pods, podlib.NoPods):  # only with --without-api-server
+            log.warning("%d %s units (%d MiB) allocated but NOT enforced: no API server to tell which "
+                        "container they are for (--without-api-server)", len(device_ids), self.resource,
+                        len(device_ids) * MEMORY_UNIT_BYTES >> 20)
         return pb.ContainerAllocateResponse()
 
     def release(self, device_ids: Sequence[str]) -> None:

@@ -1,10 +1,10 @@
 """Regenerate the checked-in gRPC stubs from the .proto files beside this script.
 
-    python -m device_plugin.api.generate          # rewrite the stubs
-    python -m device_plugin.api.generate --check  # exit 1 if they are stale
+    python -m kube_contract.api.generate          # rewrite the stubs
+    python -m kube_contract.api.generate --check  # exit 1 if they are stale
 
 Run from the repository root: protoc's include root is the root, so the
-generated modules import each other as `device_plugin.api.*` (no sys.path hacks).
+generated modules import each other as `kube_contract.api.*` (no sys.path hacks).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     current = generated_files(ROOT)
     if fresh != current:
         stale = sorted(set(fresh) ^ set(current) | {k for k in fresh if fresh[k] != current.get(k)})
-        print(f"stale stubs: {', '.join(stale)}; run python -m device_plugin.api.generate", file=sys.stderr)
+        print(f"stale stubs: {', '.join(stale)}; run python -m kube_contract.api.generate", file=sys.stderr)
         return 1
     return 0
 

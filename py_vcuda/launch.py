@@ -24,6 +24,7 @@ from node_state.layout import SCHEDULER_DIR_KEY, ContainerRecord, NodeLayout, le
 from py_vcuda import native
 from py_vcuda.memory_reconciler import Account, MemoryReconciler
 from py_vcuda.nvml import NVML, NVMLUnavailable, open_with_env
+from token_scheduler import dirlock
 from token_scheduler.admin_client import AdminClient
 
 
@@ -91,36 +92,63 @@ def ensure_scheduler(gpu: str, simulated: bool, timeout_s: float = 10.0) -> Admi
 class SchedulerKeeper:
     """Keeps a run's local scheduler alive: on bare metal nobody else supervises it.
 
-    check() pings it; when it does not answer it starts a new one, which restores
-    the saved tenant list (this run included, on the same socket path), so the
-    shim reconnects by itself and the quota holds again.
+    check() pings it. When it does not answer and no process holds its directory's lock, it is
+    gone: a new one is started at once, which restores the saved tenant list (this run included, on
+    the same socket path), so the shim reconnects by itself and the quota holds again. When the lock
+    is still held, the daemon is alive but hung (stopped, stuck) and no successor could start: after
+    HUNG_AFTER_S without an answer it is killed (token_scheduler.dirlock.stop_hung_daemon, which
+    touches only a token_scheduler daemon of this directory) and a new one started.
     """
 
     PING_TIMEOUT_S = 0.5
+    HUNG_AFTER_S = 3.0   # a loaded machine may delay a reply by a ping or two; not by seconds
 
     def __init__(self, gpu: str, simulated: bool, tenant: str, request: int, limit: int,
                  admin: AdminClient) -> None:
         self.gpu, self.simulated = gpu, simulated
         self.tenant, self.request, self.limit = tenant, request, limit
         self.admin = admin
+        self.silent_since: float | None = None   # monotonic time of the first unanswered ping
 
     def check(self) -> None:
         try:
             self.admin.call("ping", timeout_s=self.PING_TIMEOUT_S)
+            self.silent_since = None
             return
         except TimeoutError:
             pass
-        print(f"vcuda run: the token scheduler for GPU {self.gpu} does not answer; starting it again",
-              file=sys.stderr)
+        now = time.monotonic()
+        if self.silent_since is None:
+            self.silent_since = now
+        directory = scheduler_dir(self.gpu, self.simulated)
+        holder = dirlock.lock_holder(directory)
+        if holder is not None:
+            if now - self.silent_since < self.HUNG_AFTER_S:
+                return   # alive: give it a little longer
+            killed = dirlock.stop_hung_daemon(directory)
+            if killed is None:
+                print(f"vcuda run: the token scheduler for GPU {self.gpu} does not answer, and the lock on "
+                      f"{directory} is held by pid {holder}, which is not a token_scheduler daemon for it; "
+                      "leaving it alone", file=sys.stderr)
+                self.silent_since = now   # say it again after another HUNG_AFTER_S, not every check
+                return
+            print(f"vcuda run: the token scheduler for GPU {self.gpu} (pid {killed}) has not answered for "
+                  f"{now - self.silent_since:.1f} s; killed it, starting it again", file=sys.stderr)
+        else:
+            print(f"vcuda run: the token scheduler for GPU {self.gpu} does not answer; starting it again",
+                  file=sys.stderr)
         self.admin.close()
         try:
             self.admin = start_scheduler(self.gpu, self.simulated)
+            self.silent_since = None
             listed = self.admin.call("list").get("tenants", [])
             if not any(isinstance(t, dict) and t.get("tenant") == self.tenant for t in listed):
                 # Its saved list lost us (deleted, or written before our add): register again.
                 self.admin.call("add", tenant=self.tenant, request=self.request, limit=self.limit)
         except (SchedulerError, TimeoutError) as exc:
             print(f"vcuda run: {exc}; trying again", file=sys.stderr)  # next check retries
+            self.admin.close()   # closing twice is harmless; calling a closed one is not
+            self.admin = AdminClient(directory / "admin.sock")
 
 
 def tenant_env(tenant: Tenant, base: Mapping[str, str], ledger: Path) -> dict[str, str]:

@@ -27,6 +27,8 @@ Environment variables (all optional):
 ``VCUDA_PLUGIN_RESYNC_S``          seconds between quota/cleanup passes (30)
 ``VCUDA_PLUGIN_CLEANUP_GRACE_S``   seconds before an unused container dir goes (60)
 ``VCUDA_PLUGIN_LOG_LEVEL``         debug, info, warning, error
+``VCUDA_PLUGIN_MEMORY_RECONCILE_S`` seconds between memory reconciler passes (0.5, at most 1)
+``VCUDA_PLUGIN_HOST_PROC``         the host's /proc (/proc: the agent runs with hostPID)
 =================================  ===========================================
 """
 
@@ -84,6 +86,13 @@ def _level(text: str) -> str:
     return text.lower()
 
 
+def _reconcile_interval(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError("must be > 0 and at most 1 (the reconciler runs at least once a second)")
+    return value
+
+
 def _flag(text: str) -> bool:
     if text.lower() not in ("1", "true", "yes", "0", "false", "no", ""):
         raise ValueError("must be 1/true/yes or 0/false/no")
@@ -133,6 +142,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("cleanup_grace_s", 60.0, _positive,
            "seconds a container's devices may be missing from pod-resources before its directory goes"),
     Option("log_level", "info", _level, "debug, info, warning or error"),
+    Option("memory_reconcile_s", 0.5, _reconcile_interval,
+           "seconds between memory reconciler passes (NVML per-process use vs ledgers), at most 1"),
+    Option("host_proc", Path("/proc"), Path, "the host's /proc, to map NVML's host pids to containers"),
 )
 
 
@@ -155,6 +167,8 @@ class PluginConfig:
     resync_s: float
     cleanup_grace_s: float
     log_level: str
+    memory_reconcile_s: float = 0.5
+    host_proc: Path = Path("/proc")
 
 
 def env_name(option: Option) -> str:

@@ -16,9 +16,10 @@ anonymously (the exporter later learns its pod from pod-resources).
 
 Init containers asking for the resource are candidates too, in kubelet's
 order (`waiting`): a pod's init containers are allocated before its app
-containers. The extender places an init container only when it asks for more
-than the app containers together (then it is matched like an app container);
-otherwise an init container of a placed pod is accepted on any of its pod's GPUs.
+containers. The extender places them with the app containers, on the GPUs
+where kubelet's reuse of their devices puts them (scheduler_extender.placement,
+PodUse), so they are matched like app containers; an init container that an
+older assignment does not name is accepted on any of its pod's GPUs.
 
 Pods come from a `PodSource`; the real one asks the API server through the
 ``kubernetes`` client, tests pass a list.
@@ -85,6 +86,7 @@ class PodMatch:
     spec: dict[str, Any]                       # the container's spec
     provisional: bool = False                  # chosen among several waiting containers (see identify)
     init: bool = False                         # an init container (runs before the pod's app containers)
+    sidecar: bool = False                      # an init container with restartPolicy Always (runs beside them)
 
 
 def meta(pod: Pod) -> dict[str, Any]:
@@ -110,7 +112,8 @@ def _match(pod: Pod, container: dict[str, Any], shares: tuple[assignment.GPUShar
     m = meta(pod)
     env = {e["name"]: str(e.get("value", "")) for e in container.get("env", []) if "name" in e}
     return PodMatch(m.get("namespace", ""), m.get("name", ""), m.get("uid", ""), container["name"],
-                    dict(m.get("annotations") or {}), env, shares, container, init=init)
+                    dict(m.get("annotations") or {}), env, shares, container, init=init,
+                    sidecar=init and container.get("restartPolicy") == "Always")
 
 
 def _quota_inputs(m: PodMatch, names: Names, resource: str) -> tuple[object, ...]:
@@ -173,8 +176,8 @@ def pod_gpus(decided: assignment.Assignment) -> tuple[str, ...]:
 def assigned_gpus(pods: Sequence[Pod], *, names: Names, resource: str, count: int,
                   allocated: Collection[tuple[str, str]]) -> list[tuple[tuple[str, ...], bool]]:
     """For each container that may get `count` devices now, oldest pod first, and that the extender
-    placed: (its GPUs, exact). exact: an app container gets exactly its assigned GPUs; an init
-    container (the extender places app containers only) runs on any of its pod's GPUs before them.
+    placed: (its GPUs, exact). exact: a container gets exactly its assigned GPUs; an init container
+    that an older assignment does not name runs on any of its pod's GPUs before them.
     GetPreferredAllocation steers kubelet by this; `identify` then cross-checks the same way."""
     out = []
     for w in waiting(pods, resource, allocated):
@@ -229,7 +232,7 @@ def identify(pods: Sequence[Pod], *, node: str, names: Names, resource: str, cor
         if entry is None:
             if not w.init:
                 continue
-            # The extender places app containers only; an init container runs on its pod's GPUs before them.
+            # An assignment from before the extender placed init containers: any of its pod's GPUs.
             if set(cores) <= set(pod_gpus(decided)):
                 found.append(_match(pod, c, (), init=True))
             else:
@@ -239,7 +242,7 @@ def identify(pods: Sequence[Pod], *, node: str, names: Names, resource: str, cor
             continue
         want = {g.uuid: g.cores for g in entry.gpus}
         if want == cores:
-            found.append(_match(pod, c, entry.gpus))
+            found.append(_match(pod, c, entry.gpus, w.init))
         else:
             problems.append(f"pod {pod_name(pod)} container {c['name']} was assigned {want} by the "
                             f"extender but kubelet allocated {cores}; check that kubelet uses the "

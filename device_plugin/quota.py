@@ -24,8 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
-from py_vcuda.quantity import QuantityError, parse_quantity
+from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names, parse_memory
 from token_scheduler.policy import HIGH, NORMAL, PRIORITIES
 
 
@@ -43,10 +42,6 @@ class Quota:
 
 def core_limit_annotation(names: Names) -> str:
     return f"{names.annotation_prefix}/core-limit"
-
-
-def memory_annotation(names: Names) -> str:
-    return f"{names.annotation_prefix}/memory"
 
 
 def priority_annotation(names: Names) -> str:
@@ -67,17 +62,6 @@ def parse_priority(names: Names, annotations: dict[str, str], cores: int) -> str
     return text
 
 
-def parse_memory(text: str) -> int:
-    """Plain integers are vcuda-memory units (256 MiB), anything else a byte quantity (``4Gi``)."""
-    text = text.strip()
-    if text.isdigit():
-        return int(text) * MEMORY_UNIT_BYTES
-    try:
-        return parse_quantity(text)
-    except QuantityError as exc:
-        raise ValueError(str(exc)) from None
-
-
 def quota(names: Names, annotations: dict[str, str], *, cores: int, share_memory: int | None,
           memory_units: int, gpus: int = 1) -> Quota:
     """Quota of a container holding `cores` percent of one GPU (100: `gpus` whole cards)."""
@@ -94,7 +78,7 @@ def quota(names: Names, annotations: dict[str, str], *, cores: int, share_memory
                              f"the request ({cores}) and {CORES_PER_GPU}")
         limit = int(text)
     memory: int | None = None
-    key = memory_annotation(names)
+    key = names.memory
     if key in annotations:
         try:
             memory = parse_memory(annotations[key]) // gpus

@@ -14,6 +14,7 @@ API server kube_contract.testing.FakeApiServer.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -135,6 +136,40 @@ class TestKubelet(pb_grpc.RegistrationServicer):
         req = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(
             available_deviceIDs=available, must_include_deviceIDs=must_include or [], allocation_size=size)])
         return list(self.stub(resource).GetPreferredAllocation(req, timeout=30).container_responses[0].deviceIDs)
+
+    def admit(self, resource: str, pod: dict[str, Any], healthy: list[str], in_use: set[str],
+              rng: random.Random) -> dict[str, tuple[list[str], pb.ContainerAllocateResponse]]:
+        """Admit a pod as kubelet's device manager does: each container asking for `resource`, init
+        containers first, gets devices from the pod's reuse pool first (those of finished regular
+        init containers, taken in no particular order: `rng` picks), then GetPreferredAllocation for
+        the rest from what is free, with the reused ones included; then Allocate. A sidecar
+        (restartPolicy Always) and an app container keep what they took from the pool. `in_use`
+        grows by every device the pod gets. Returns container -> (its devices, Allocate's answer).
+        """
+        spec = pod.get("spec", {})
+        pool: set[str] = set()
+        out: dict[str, tuple[list[str], pb.ContainerAllocateResponse]] = {}
+        for c, init in [(c, True) for c in spec.get("initContainers") or []] + \
+                [(c, False) for c in spec.get("containers") or []]:
+            limits = c.get("resources", {}).get("limits", {})
+            need = int(limits.get(resource, 0))
+            if not need:
+                continue
+            reused = rng.sample(sorted(pool), min(need, len(pool)))
+            devices = list(reused)
+            if len(devices) < need:
+                available = [d for d in healthy if d not in in_use]
+                preferred = self.preferred(resource, sorted(set(available) | set(reused)), need, reused)
+                devices += [d for d in preferred if d in available][:need - len(devices)]
+                if len(devices) < need:
+                    raise RuntimeError(f"kubelet: {need} {resource} for {c['name']}, {len(devices)} to give")
+            in_use.update(devices)
+            if init and c.get("restartPolicy") != "Always":
+                pool.update(devices)
+            else:
+                pool.difference_update(devices)
+            out[c["name"]] = (devices, self.allocate(resource, devices).container_responses[0])
+        return out
 
 
 class TestPodResources(prpb_grpc.PodResourcesListerServicer):

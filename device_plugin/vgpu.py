@@ -199,8 +199,8 @@ class CorePlugin:
             extra = {"preload": "0" if disabled else "1"}
             if self._provisional(match, existing):
                 extra["identity"] = "provisional"
-            if match and match.init:
-                extra["init"] = "1"
+            if match and match.init and not match.sidecar:
+                extra["init"] = "1"   # runs to completion before the next container starts
             record = ContainerRecord(
                 key=key, mode="vgpu", resource=self.resource, device_ids=tuple(device_ids),
                 gpus=tuple(groups), core_request=q.core_request, core_limit=q.core_limit,
@@ -227,13 +227,15 @@ class CorePlugin:
 
     def _init_tenant(self, match: podlib.PodMatch | None, uuid: str,
                      existing: list[ContainerRecord]) -> ContainerRecord | None:
-        """The tenant of an init container of the same pod on this GPU, for an app container to take over.
+        """The tenant of a finished init container of the same pod on this GPU, for the next container
+        there to take over.
 
-        kubelet hands an init container's devices on to the app containers after it (it runs first,
-        never beside them), and the extender counts the app containers only: a second tenant on the
-        same cores could push the GPU's guaranteed requests past 100 % and be refused.
+        kubelet hands a regular init container's devices on to the containers after it (it runs to
+        completion first, never beside them), and the extender counts them once: a second tenant on
+        the same cores could push the GPU's guaranteed requests past 100 % and be refused. A sidecar
+        keeps running, so its tenant is never handed on (its record has no "init").
         """
-        if match is None or match.init or not match.uid:
+        if match is None or not match.uid:
             return None
         return next((r for r in existing
                      if r.pod_uid == match.uid and r.extra.get("init") == "1" and r.tenant

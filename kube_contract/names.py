@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from py_vcuda.quantity import QuantityError, parse_quantity
+
 DEFAULT_RESOURCE_DOMAIN = "tencent.com"
 DEFAULT_ANNOTATION_PREFIX = "vcuda.io"
 
@@ -50,6 +52,11 @@ class Names:
         return self._ann("gpu-topology")
 
     @property
+    def memory(self) -> str:
+        """Pod annotation that overrides each container's vcuda-memory units (``parse_memory``)."""
+        return self._ann("memory")
+
+    @property
     def policy(self) -> str:
         return self._ann("scheduling-policy")
 
@@ -72,3 +79,15 @@ class Names:
     @property
     def exclusion(self) -> str:
         return self._ann("gpu-exclusion")
+
+
+def parse_memory(text: str) -> int:
+    """Bytes from a memory value: plain integers are vcuda-memory units (256 MiB), anything else a
+    byte quantity (``4Gi``); raises ValueError."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text) * MEMORY_UNIT_BYTES
+    try:
+        return parse_quantity(text)
+    except QuantityError as exc:
+        raise ValueError(str(exc)) from None

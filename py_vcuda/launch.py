@@ -1,4 +1,9 @@
-"""Running a command under quotas on this machine (`vcuda run`)."""
+"""Running a command under quotas on this machine (`vcuda run`).
+
+While the command runs, a memory reconciler (py_vcuda.memory_reconciler)
+keeps the run's ledger at no less than what NVML says its processes hold,
+whatever no hook charged (lazy module code, context growth); without NVML
+(no GPU here) there is nothing to reconcile and it does not start."""
 
 from __future__ import annotations
 
@@ -17,6 +22,9 @@ from pathlib import Path
 
 from node_state.layout import SCHEDULER_DIR_KEY, ContainerRecord, NodeLayout, ledger_in
 from py_vcuda import native
+from py_vcuda.memory_reconciler import Account, MemoryReconciler
+from py_vcuda.nvml import NVML, NVMLUnavailable, open_with_env
+from token_scheduler import dirlock
 from token_scheduler.admin_client import AdminClient
 
 
@@ -85,30 +93,55 @@ def ensure_scheduler(gpu: str, simulated: bool, timeout_s: float = 10.0) -> Admi
 class SchedulerKeeper:
     """Keeps a run's local scheduler alive: on bare metal nobody else supervises it.
 
-    check() pings it; when it does not answer it starts a new one, which restores
-    the saved tenant list (this run included, on the same socket path), so the
-    shim reconnects by itself and the quota holds again.
+    check() pings it. When it does not answer and no process holds its directory's lock, it is
+    gone: a new one is started at once, which restores the saved tenant list (this run included, on
+    the same socket path), so the shim reconnects by itself and the quota holds again. When the lock
+    is still held, the daemon is alive but hung (stopped, stuck) and no successor could start: after
+    HUNG_AFTER_S without an answer it is killed (token_scheduler.dirlock.stop_hung_daemon, which
+    touches only a token_scheduler daemon of this directory) and a new one started.
     """
 
     PING_TIMEOUT_S = 0.5
+    HUNG_AFTER_S = 3.0   # a loaded machine may delay a reply by a ping or two; not by seconds
 
     def __init__(self, gpu: str, simulated: bool, tenant: str, request: int, limit: int, priority: str,
                  admin: AdminClient) -> None:
         self.gpu, self.simulated = gpu, simulated
         self.tenant, self.request, self.limit, self.priority = tenant, request, limit, priority
         self.admin = admin
+        self.silent_since: float | None = None   # monotonic time of the first unanswered ping
 
     def check(self) -> None:
         try:
             self.admin.call("ping", timeout_s=self.PING_TIMEOUT_S)
+            self.silent_since = None
             return
         except TimeoutError:
             pass
-        print(f"vcuda run: the token scheduler for GPU {self.gpu} does not answer; starting it again",
-              file=sys.stderr)
+        now = time.monotonic()
+        if self.silent_since is None:
+            self.silent_since = now
+        directory = scheduler_dir(self.gpu, self.simulated)
+        holder = dirlock.lock_holder(directory)
+        if holder is not None:
+            if now - self.silent_since < self.HUNG_AFTER_S:
+                return   # alive: give it a little longer
+            killed = dirlock.stop_hung_daemon(directory)
+            if killed is None:
+                print(f"vcuda run: the token scheduler for GPU {self.gpu} does not answer, and the lock on "
+                      f"{directory} is held by pid {holder}, which is not a token_scheduler daemon for it; "
+                      "leaving it alone", file=sys.stderr)
+                self.silent_since = now   # say it again after another HUNG_AFTER_S, not every check
+                return
+            print(f"vcuda run: the token scheduler for GPU {self.gpu} (pid {killed}) has not answered for "
+                  f"{now - self.silent_since:.1f} s; killed it, starting it again", file=sys.stderr)
+        else:
+            print(f"vcuda run: the token scheduler for GPU {self.gpu} does not answer; starting it again",
+                  file=sys.stderr)
         self.admin.close()
         try:
             self.admin = start_scheduler(self.gpu, self.simulated)
+            self.silent_since = None
             listed = self.admin.call("list").get("tenants", [])
             if not any(isinstance(t, dict) and t.get("tenant") == self.tenant for t in listed):
                 # Its saved list lost us (deleted, or written before our add): register again.
@@ -116,6 +149,8 @@ class SchedulerKeeper:
                                 priority=self.priority)
         except (SchedulerError, TimeoutError) as exc:
             print(f"vcuda run: {exc}; trying again", file=sys.stderr)  # next check retries
+            self.admin.close()   # closing twice is harmless; calling a closed one is not
+            self.admin = AdminClient(directory / "admin.sock")
 
 
 def tenant_env(tenant: Tenant, base: Mapping[str, str], ledger: Path) -> dict[str, str]:
@@ -187,9 +222,11 @@ def run(command: Sequence[str], tenant: Tenant, base_env: Mapping[str, str] | No
             raise SchedulerError(f"the token scheduler refused the compute quota: {reply.get('error')}")
         env["VCUDA_SCHEDULER"] = str(reply["endpoint"])
         keeper = SchedulerKeeper(gpu, simulated, name, tenant.core_request, limit, tenant.priority, admin)
+    memory = _MemoryWatch(name, ledger, env)
     try:
-        return _supervise(command, env, keeper.check if keeper is not None else None)
+        return _supervise(command, env, keeper.check if keeper is not None else None, memory.start)
     finally:
+        memory.stop()
         if keeper is not None:
             with contextlib.suppress(TimeoutError):
                 keeper.admin.call("remove", tenant=name)
@@ -199,15 +236,44 @@ def run(command: Sequence[str], tenant: Tenant, base_env: Mapping[str, str] | No
         shutil.rmtree(record_dir, ignore_errors=True)
 
 
+class _MemoryWatch:
+    """The run's memory reconciler: its account is the run's ledger and the command's process tree."""
+
+    def __init__(self, name: str, ledger: Path, env: Mapping[str, str]) -> None:
+        self.name, self.ledger, self.env = name, ledger, env
+        self.nvml: NVML | None = None
+        self.reconciler: MemoryReconciler | None = None
+
+    def start(self, root_pid: int) -> None:
+        try:
+            self.nvml = open_with_env(self.env)
+        except NVMLUnavailable:
+            return  # no GPU driver here: nothing holds GPU memory to reconcile
+        except Exception as exc:  # the hooks still hold the quota; say what is missing on top
+            print(f"vcuda run: warning: memory reconciler off, NVML failed: {exc}", file=sys.stderr)
+            return
+        account = Account(key=self.name, ledger=self.ledger, root_pid=root_pid)
+        self.reconciler = MemoryReconciler(lambda: [account], self.nvml)
+        self.reconciler.start()
+
+    def stop(self) -> None:
+        if self.reconciler is not None:
+            self.reconciler.stop()
+        if self.nvml is not None:
+            self.nvml.close()
+
+
 # How often a run with a compute quota checks that its scheduler answers (SchedulerKeeper).
 WATCH_INTERVAL_S = 0.25
 
 
-def _supervise(command: Sequence[str], env: dict[str, str], watch: Callable[[], None] | None) -> int:
+def _supervise(command: Sequence[str], env: dict[str, str], watch: Callable[[], None] | None,
+               started: Callable[[int], None] = lambda pid: None) -> int:
     try:
         proc = subprocess.Popen(list(command), env=env)
     except FileNotFoundError:
         raise SystemExit(f"vcuda run: command not found: {command[0]}") from None
+    started(proc.pid)
     # The child gets terminal signals itself; pass on the ones sent to us alone.
     forwarded = (signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, lambda sig, _f: proc.send_signal(sig)) for s in forwarded}

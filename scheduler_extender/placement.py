@@ -16,6 +16,10 @@ Rules, in the order they are checked for each GPU:
    memory on one GPU; a multiple of 100 takes that many completely free cards,
    NVLink-best set first.
 
+A pod with init containers is placed container by container in kubelet's order
+(``_place_in_order``), and what it holds per GPU is counted as kube-scheduler
+counts a pod (``PodUse``).
+
 Policies: ``binpack`` puts a fractional container on an already-used GPU whenever
 one fits (tightest fit first) and scores nodes so that placements opening no new
 GPU always beat those that do; ``spread`` takes the least-loaded GPU and prefers
@@ -29,7 +33,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from kube_contract.assignment import Assignment, ContainerAssignment, GPUShare
 from kube_contract.names import CORES_PER_GPU
@@ -53,11 +57,20 @@ class Tags:
         return bool(self.affinity or self.anti_affinity or self.exclusion)
 
 
+class Kind(StrEnum):
+    """When a container runs, which decides what kubelet and kube-scheduler count for it."""
+
+    INIT = "init"        # a regular init container: runs alone, before what follows it
+    SIDECAR = "sidecar"  # an init container with restartPolicy Always: starts in turn, runs to the end
+    APP = "app"
+
+
 @dataclass(frozen=True)
 class ContainerRequest:
     name: str
     cores: int  # percent of one GPU, or a multiple of 100 for whole cards
     memory: int  # bytes
+    kind: Kind = Kind.APP
 
     @property
     def whole_cards(self) -> int:
@@ -71,11 +84,9 @@ class PodRequest:
     model_include: tuple[str, ...] = ()
     model_exclude: tuple[str, ...] = ()
     tags: Tags = field(default_factory=Tags)
-    # App containers that run on the devices of the init container in containers[0]: kubelet hands
-    # an init container's devices on to the app containers after it, so they go on its GPU and add
-    # nothing to what the pod holds there (podspec.parse_pod, held_per_gpu).
-    riders: tuple[ContainerRequest, ...] = ()
-    lead_memory: int = 0    # with riders: the init container's own memory (containers[0] reserves the max)
+    # Init containers asking for the resource (Kind.INIT or Kind.SIDECAR), in the pod's order; they
+    # run before ``containers`` (the app containers) and are placed with them (_place_in_order).
+    init_containers: tuple[ContainerRequest, ...] = ()
 
 
 class GPU:
@@ -194,22 +205,60 @@ class Share:
 K = TypeVar("K")  # how a GPU is named: index on a node, or UUID in an assignment
 
 
-def held_per_gpu(shares: Iterable[tuple[bool, K, int, int]]) -> dict[K, tuple[int, int]]:
-    """Cores and memory a pod holds per GPU from (is init container, GPU, cores, memory) shares.
+class PodUse(Generic[K]):
+    """What one pod holds per GPU, fed its containers' shares in kubelet's order (init containers first).
 
-    kube-scheduler's rule, per GPU: init containers run one at a time before the app containers,
-    which reuse their devices, so a pod holds max(largest init container, sum of app containers).
+    kube-scheduler counts a pod as max(sum of app containers and sidecars, for each regular init
+    container: itself plus the sidecars started before it); this is that rule GPU by GPU, as
+    kubelet's device manager carries it out. Cores are devices: kubelet gives a container devices
+    from the pod's reuse pool first (those of finished regular init containers not yet reused), then
+    new ones, and frees none before the pod ends. Memory is a limit in force while its container
+    runs: a GPU holds the most that runs on it at once (an init container with the sidecars before
+    it, or the sidecars with the app containers).
     """
-    init: dict[K, tuple[int, int]] = {}
-    apps: dict[K, tuple[int, int]] = {}
-    for is_init, gpu, cores, memory in shares:
-        c, m = (init if is_init else apps).get(gpu, (0, 0))
-        if is_init:
-            init[gpu] = (max(c, cores), max(m, memory))
-        else:
-            apps[gpu] = (c + cores, m + memory)
-    return {g: (max(init.get(g, (0, 0))[0], apps.get(g, (0, 0))[0]),
-                max(init.get(g, (0, 0))[1], apps.get(g, (0, 0))[1])) for g in {**init, **apps}}
+
+    def __init__(self) -> None:
+        self.pool: dict[K, int] = {}     # kubelet's reuse pool, devices per GPU
+        self.cores: dict[K, int] = {}    # devices the pod holds per GPU
+        self._init_peak: dict[K, int] = {}   # memory of the largest init phase
+        self._steady: dict[K, int] = {}      # memory of the sidecars and app containers so far
+        self._sidecars: dict[K, int] = {}    # memory of the sidecars so far
+
+    def add(self, kind: Kind, gpu: K, cores: int, memory: int) -> None:
+        pooled = self.pool.get(gpu, 0)
+        self.cores[gpu] = self.cores.get(gpu, 0) + max(0, cores - pooled)
+        if kind is Kind.INIT:   # its devices (reused ones included) go back to the pool when it ends
+            self.pool[gpu] = max(pooled, cores)
+            self._init_peak[gpu] = max(self._init_peak.get(gpu, 0), self._sidecars.get(gpu, 0) + memory)
+        else:                   # it keeps what it took from the pool
+            if pooled > cores:
+                self.pool[gpu] = pooled - cores
+            else:
+                self.pool.pop(gpu, None)
+            self._steady[gpu] = self._steady.get(gpu, 0) + memory
+            if kind is Kind.SIDECAR:
+                self._sidecars[gpu] = self._sidecars.get(gpu, 0) + memory
+
+    def memory(self, gpu: K) -> int:
+        return max(self._init_peak.get(gpu, 0), self._steady.get(gpu, 0))
+
+    def after(self, shares: Iterable[tuple[Kind, K, int, int]]) -> PodUse[K]:
+        """A copy with more (kind, GPU, cores, memory) shares added: to try a GPU."""
+        trial: PodUse[K] = PodUse()
+        trial.pool, trial.cores = dict(self.pool), dict(self.cores)
+        trial._init_peak, trial._steady, trial._sidecars = (dict(self._init_peak), dict(self._steady),
+                                                            dict(self._sidecars))
+        for kind, gpu, cores, memory in shares:
+            trial.add(kind, gpu, cores, memory)
+        return trial
+
+    def held(self) -> dict[K, tuple[int, int]]:
+        return {g: (self.cores.get(g, 0), self.memory(g)) for g in {**self.cores, **self._steady, **self._init_peak}}
+
+
+def held_per_gpu(shares: Iterable[tuple[Kind, K, int, int]]) -> dict[K, tuple[int, int]]:
+    """Cores and memory a pod holds per GPU from its (kind, GPU, cores, memory) shares in kubelet's order."""
+    return PodUse[K]().after(shares).held()
 
 
 @dataclass(slots=True)  # not frozen: built per node per pod, init cost matters
@@ -218,7 +267,7 @@ class Placement:
     containers: tuple[tuple[str, tuple[Share, ...]], ...]
     score: float  # 0..1, higher is better under the pod's policy
     opened: int  # GPUs without tenants that now get a fractional share
-    init: frozenset[str] = frozenset()  # which of containers are init containers
+    kinds: tuple[Kind, ...] = ()  # per container, with init containers; empty: all app containers
 
     def to_assignment(self) -> Assignment:
         return Assignment(
@@ -232,8 +281,16 @@ class Placement:
 
     def gpu_totals(self) -> dict[int, tuple[int, int]]:
         """Cores and memory per GPU index this pod takes (containers may share a GPU)."""
-        return held_per_gpu((name in self.init, s.index, s.cores, s.memory)
-                            for name, shares in self.containers for s in shares)
+        if self.kinds:
+            return held_per_gpu((kind, s.index, s.cores, s.memory)
+                                for kind, (_, shares) in zip(self.kinds, self.containers, strict=True)
+                                for s in shares)
+        totals: dict[int, tuple[int, int]] = {}
+        for _, shares in self.containers:
+            for s in shares:
+                c, m = totals.get(s.index, (0, 0))
+                totals[s.index] = (c + s.cores, m + s.memory)
+        return totals
 
 
 @dataclass(slots=True)  # not frozen: built per node per pod, init cost matters
@@ -289,23 +346,8 @@ def place(node: NodeGPUs, pod: PodRequest) -> Placement | Unfit:
 
 def placer(pod: PodRequest) -> Callable[[NodeGPUs], Placement | Unfit]:
     """``place`` for one pod, with the per-pod checks done once (for many nodes)."""
-    if pod.riders:
-        lead = _placer(pod)
-        return lambda node: _with_riders(lead(node), pod)
-    return _placer(pod)
-
-
-def _with_riders(result: Placement | Unfit, pod: PodRequest) -> Placement | Unfit:
-    """The init container's placement, with the app containers that reuse its devices on its GPU."""
-    if isinstance(result, Unfit):
-        return result
-    (name, (share,)), = result.containers
-    riders = tuple((r.name, (Share(share.index, share.uuid, r.cores, r.memory),)) for r in pod.riders)
-    lead = (name, (Share(share.index, share.uuid, share.cores, pod.lead_memory),))
-    return Placement(result.node, (lead, *riders), result.score, result.opened, frozenset({name}))
-
-
-def _placer(pod: PodRequest) -> Callable[[NodeGPUs], Placement | Unfit]:
+    if pod.init_containers:
+        return lambda node: _place_in_order(node, pod)
     if not pod.containers:
         return lambda node: Placement(node.name, (), 0.5, 0)
     if (len(pod.containers) == 1 and not pod.containers[0].whole_cards
@@ -314,7 +356,8 @@ def _placer(pod: PodRequest) -> Callable[[NodeGPUs], Placement | Unfit]:
     return lambda node: _place_general(node, pod)
 
 
-def _place_general(node: NodeGPUs, pod: PodRequest) -> Placement | Unfit:
+def _eligible(node: NodeGPUs, pod: PodRequest) -> tuple[list[GPU], str] | Unfit:
+    """The GPUs that pass the pod's model filter, and a suffix naming those that do not."""
     eligible: list[GPU] = []
     excluded: list[str] = []
     for g in node.gpus:
@@ -327,7 +370,14 @@ def _place_general(node: NodeGPUs, pod: PodRequest) -> Placement | Unfit:
         reason = ("node has no vcuda GPU" if not node.gpus
                   else "no GPU passes the model filter: " + "; ".join(excluded))
         return Unfit(node.name, f"node {node.name}: {reason}", True)
+    return eligible, (f" ({'; '.join(excluded)})" if excluded else "")
 
+
+def _place_general(node: NodeGPUs, pod: PodRequest) -> Placement | Unfit:
+    found = _eligible(node, pod)
+    if isinstance(found, Unfit):
+        return found
+    eligible, suffix = found
     overlay: Overlay = {}
     chosen: dict[int, tuple[Share, ...]] = {}
     link_quality: list[float] = []
@@ -343,7 +393,6 @@ def _place_general(node: NodeGPUs, pod: PodRequest) -> Placement | Unfit:
         else:
             result = _place_fraction(eligible, c, pod, overlay)
         if isinstance(result, Unfit):
-            suffix = f" ({'; '.join(excluded)})" if excluded else ""
             return Unfit(node.name, f"node {node.name}: container {c.name!r}: "
                          f"{result.reason}{suffix}", result.unresolvable)
         shares, quality = result
@@ -360,6 +409,141 @@ def _place_general(node: NodeGPUs, pod: PodRequest) -> Placement | Unfit:
     score = _score(node, pod.policy, overlay, opened, link_quality)
     containers = tuple((pod.containers[i].name, chosen[i]) for i in range(len(pod.containers)))
     return Placement(node.name, containers, score, opened)
+
+
+def _place_in_order(node: NodeGPUs, pod: PodRequest) -> Placement | Unfit:
+    """A pod with init containers: each container in kubelet's order, where kubelet will put it.
+
+    kubelet gives a container devices from its pod's reuse pool first, in no particular order, and
+    asks GetPreferredAllocation for the rest with those included. So while the pool is not empty the
+    next container goes where the pool is (_reuse); otherwise it is placed as any container is, on
+    top of what the pod already holds (PodUse), on a GPU with room for the containers that will reuse
+    its devices too (_reusers). Greedy in kubelet's order, not largest first.
+    """
+    found = _eligible(node, pod)
+    if isinstance(found, Unfit):
+        return found
+    eligible, suffix = found
+    order = (*pod.init_containers, *pod.containers)
+    use: PodUse[int] = PodUse()
+    placed: list[tuple[str, tuple[Share, ...]]] = []
+    opened = 0
+    for i, c in enumerate(order):
+        if use.pool:
+            result = _reuse(eligible, c, use)
+        elif c.whole_cards:
+            result = _place_whole(node, eligible, c, pod, {g: list(h) for g, h in use.held().items()})
+        else:
+            result = _fresh_fraction(eligible, order, i, pod, use)
+        if isinstance(result, Unfit):
+            return Unfit(node.name, f"node {node.name}: container {c.name!r}: {result.reason}{suffix}",
+                         result.unresolvable)
+        shares = result[0]
+        for s in shares:
+            if not c.whole_cards and _gpu(eligible, s.index).tenants == 0 and s.index not in use.held():
+                opened += 1
+            use.add(c.kind, s.index, s.cores, s.memory)
+        placed.append((c.name, shares))
+    overlay: Overlay = {g: list(h) for g, h in use.held().items()}
+    return Placement(node.name, tuple(placed), _score(node, pod.policy, overlay, opened, []), opened,
+                     tuple(c.kind for c in order))
+
+
+def _reusers(order: Sequence[ContainerRequest], i: int) -> tuple[list[ContainerRequest], bool]:
+    """The fractional containers that will land on the GPU chosen for order[i], it first, and whether
+    whole cards reuse its devices later (then that GPU must be empty: they take it completely).
+
+    A regular init container's devices go to the reuse pool, so the containers after it that find
+    the pool not empty go on its GPU. How large the pool is depends on the sizes alone.
+    """
+    chain = [order[i]]
+    pool = order[i].cores if order[i].kind is Kind.INIT else 0
+    for c in order[i + 1:]:
+        if pool <= 0:
+            break
+        if c.whole_cards:
+            return chain, True
+        chain.append(c)
+        pool = max(pool, c.cores) if c.kind is Kind.INIT else pool - c.cores
+    return chain, False
+
+
+def _fresh_fraction(eligible: Sequence[GPU], order: Sequence[ContainerRequest], i: int, pod: PodRequest,
+                    use: PodUse[int]) -> tuple[tuple[Share, ...], None] | Unfit:
+    """_place_fraction for order[i] of a pod that may hold cores and memory already, on a GPU with
+    room for the containers that will reuse its devices (_reusers)."""
+    c = order[i]
+    chain, empty_gpu = _reusers(order, i)
+    binpack = pod.policy is Policy.BINPACK
+    best: GPU | None = None
+    best_key: tuple[float, ...] = ()
+    for g in eligible:
+        held = use.cores.get(g.index, 0)
+        if empty_gpu and (g.tenants or g.used_cores or g.used_memory or g.index in use.held()):
+            continue
+        trial = use.after((r.kind, g.index, r.cores, r.memory) for r in chain)
+        free_c = CORES_PER_GPU - g.used_cores - trial.cores[g.index]
+        left_m = g.memory - g.used_memory - trial.memory(g.index)
+        if free_c < 0 or left_m < 0:
+            continue
+        if (pod.tags or g.affinity) and tag_conflict(g, pod.tags) is not None:
+            continue
+        if binpack:
+            key: tuple[float, ...] = (0 if (g.tenants or held) else 1, free_c, left_m / g.memory, g.index)
+        else:
+            key = (g.used_cores + held, (g.used_memory + use.memory(g.index)) / g.memory, g.index)
+        if best is None or key < best_key:
+            best, best_key = g, key
+    if best is not None:
+        return (Share(best.index, best.uuid, c.cores, c.memory),), None
+    if empty_gpu:
+        return Unfit("", f"needs an empty GPU with {c.cores} cores and {fmt_bytes(c.memory)}: a whole-GPU "
+                     "container after it reuses its devices (kubelet hands them on)", False)
+    if len(chain) > 1:
+        trial = use.after((r.kind, -1, r.cores, r.memory) for r in chain)
+        return Unfit("", f"needs {trial.cores[-1]} cores and {fmt_bytes(trial.memory(-1))} on one GPU, for "
+                     f"it and the containers that reuse its devices ({', '.join(r.name for r in chain[1:])}); "
+                     + "; ".join(f"GPU{g.index}: {g.free_cores - use.cores.get(g.index, 0)} cores, "
+                                 f"{fmt_bytes(g.free_memory - use.memory(g.index))} free" for g in eligible),
+                     False)
+    return _fraction_reason(eligible, c, pod, {g: list(h) for g, h in use.held().items()})
+
+
+def _reuse(eligible: Sequence[GPU], c: ContainerRequest, use: PodUse[int]) -> tuple[tuple[Share, ...], None] | Unfit:
+    """Where kubelet puts a container while its pod's reuse pool is not empty: with the pool's devices."""
+    pool = use.pool
+    pooled = sum(pool.values())
+    where = ", ".join(f"GPU{i}" for i in sorted(pool))
+    if not c.whole_cards:
+        if len(pool) > 1:
+            return Unfit("", f"kubelet would give it {c.cores} of the {pooled} devices its init containers "
+                         f"left on {where}, in no particular order, so possibly on several GPUs; give it "
+                         "whole GPUs or the init containers a share of one GPU", True)
+        (index,) = pool
+        g = _gpu(eligible, index)
+        trial = use.after(((c.kind, index, c.cores, c.memory),))
+        if g.used_cores + trial.cores[index] > CORES_PER_GPU or g.used_memory + trial.memory(index) > g.memory:
+            return Unfit("", f"it reuses the devices its init containers left on GPU{index}, which has "
+                         f"{g.free_cores - use.cores[index]} cores and "
+                         f"{fmt_bytes(g.free_memory - use.memory(index))} free besides", False)
+        return (Share(index, g.uuid, c.cores, c.memory),), None
+    k = c.whole_cards
+    if pooled > k * CORES_PER_GPU:
+        return Unfit("", f"kubelet would give it {k * CORES_PER_GPU} of the {pooled} devices its init containers "
+                     f"left on {where}, in no particular order, not whole GPUs; ask for at least as many", True)
+    per_card = math.ceil(c.memory / k)
+    taken = [_gpu(eligible, i) for i in sorted(pool)]
+    for g in taken:
+        if g.tenants or g.used_cores or g.used_memory or use.cores[g.index] != pool[g.index]:
+            return Unfit("", f"it takes whole GPUs including GPU{g.index}, where its init containers left "
+                         "devices, but another container holds part of that GPU", False)
+    free = sorted((g for g in eligible if g.memory >= per_card and not g.tenants and not g.used_cores
+                   and not g.used_memory and g.index not in use.held()), key=lambda g: (g.memory, g.index))
+    if len(taken) + len(free) < k or any(g.memory < per_card for g in taken):
+        return Unfit("", f"needs {k} whole GPU(s) with {fmt_bytes(per_card)} each, including {where} "
+                     f"(its init containers' devices); {len(free)} more free", False)
+    chosen = taken + free[:k - len(taken)]
+    return tuple(Share(g.index, g.uuid, CORES_PER_GPU, g.memory) for g in chosen), None
 
 
 def _single_placer(pod: PodRequest, c: ContainerRequest) -> Callable[[NodeGPUs], Placement | Unfit]:

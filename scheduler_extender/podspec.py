@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
+from kube_contract.assignment import Assignment
+from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names, parse_memory
 
-from .placement import ContainerRequest, PodRequest, Policy, Tags
+from .placement import ContainerRequest, Kind, PodRequest, Policy, Tags, held_per_gpu
 
 _TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -50,8 +51,13 @@ def _count(value: Any, resource: str, container: str) -> int:
     return n
 
 
-def container_request(container: dict[str, Any], names: Names) -> ContainerRequest | None:
-    """The GPU share one container asks for, or None when it asks for none."""
+def container_request(container: dict[str, Any], names: Names, memory: int | None = None,
+                      kind: Kind = Kind.APP) -> ContainerRequest | None:
+    """The GPU share one container asks for, or None when it asks for none.
+
+    `memory`: the pod's ``vcuda.io/memory`` in bytes, which replaces the container's vcuda-memory
+    units (the device plugin applies it so; ``pod_memory``).
+    """
     name = str(container.get("name", "?"))
     res = container.get("resources") or {}
     limits, requests = res.get("limits") or {}, res.get("requests") or {}
@@ -70,7 +76,25 @@ def container_request(container: dict[str, Any], names: Names) -> ContainerReque
         raise PodSpecError(f"container {name!r}: {names.core_resource}={cores} is neither "
                            f"below {CORES_PER_GPU} (a share of one GPU) nor a multiple of "
                            f"{CORES_PER_GPU} (whole GPUs)")
-    return ContainerRequest(name, cores, units * MEMORY_UNIT_BYTES)
+    return ContainerRequest(name, cores, units * MEMORY_UNIT_BYTES if memory is None else memory, kind)
+
+
+def pod_memory(pod: dict[str, Any], names: Names) -> int | None:
+    """The pod's ``vcuda.io/memory`` in bytes, or None without it (an annotation only, as the device
+    plugin reads it, not a label)."""
+    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(names.memory)
+    if text is None:
+        return None
+    try:
+        return parse_memory(text)
+    except ValueError as exc:
+        raise PodSpecError(f"annotation {names.memory}={text!r} is neither a number of "
+                           f"{MEMORY_UNIT_BYTES >> 20} MiB units nor a quantity like 4Gi ({exc})") from None
+
+
+def _kind(init_container: dict[str, Any]) -> Kind:
+    # A sidecar (restartPolicy Always) keeps running beside the app containers.
+    return Kind.SIDECAR if init_container.get("restartPolicy") == "Always" else Kind.INIT
 
 
 def _words(value: str | None) -> tuple[str, ...]:
@@ -81,24 +105,11 @@ def parse_pod(pod: dict[str, Any], names: Names,
               default_policy: Policy = Policy.BINPACK) -> PodRequest:
     """Read the pod's GPU requests, policy, model filter and tags; raises PodSpecError."""
     spec = pod.get("spec") or {}
+    memory = pod_memory(pod, names)
     containers = tuple(r for c in spec.get("containers") or []
-                       if (r := container_request(c, names)) is not None)
-    inits = [r for c in spec.get("initContainers") or [] if (r := container_request(c, names)) is not None]
-    lead = max(inits, key=lambda r: r.cores, default=None)
-    riders: tuple[ContainerRequest, ...] = ()
-    lead_memory = 0
-    if lead is not None and lead.cores > sum(c.cores for c in containers):
-        # kube-scheduler counts the pod as its largest init container here; kubelet gives that
-        # container's devices to the app containers after it, so they all run on its GPU.
-        if lead.whole_cards:
-            raise PodSpecError(f"init container {lead.name!r}: {names.core_resource}={lead.cores} is more "
-                               "than the app containers ask for together; vcuda cannot place whole-GPU "
-                               "init containers larger than their pod's app containers")
-        if any(c.whole_cards for c in containers):
-            raise PodSpecError(f"init container {lead.name!r} asks for more cores than app containers "
-                               "that include whole GPUs")
-        riders, containers, lead_memory = containers, (ContainerRequest(
-            lead.name, lead.cores, max(lead.memory, sum(c.memory for c in containers))),), lead.memory
+                       if (r := container_request(c, names, memory)) is not None)
+    inits = tuple(r for c in spec.get("initContainers") or []
+                  if (r := container_request(c, names, memory, _kind(c))) is not None)
     raw_policy = meta_value(pod, names.policy)
     if raw_policy is None:
         policy = default_policy
@@ -114,8 +125,7 @@ def parse_pod(pod: dict[str, Any], names: Names,
         model_include=_words(meta_value(pod, names.model_include)),
         model_exclude=_words(meta_value(pod, names.model_exclude)),
         tags=pod_tags(pod, names),
-        riders=riders,
-        lead_memory=lead_memory,
+        init_containers=inits,
     )
 
 
@@ -123,3 +133,16 @@ def pod_tags(pod: dict[str, Any], names: Names) -> Tags:
     return Tags(affinity=meta_value(pod, names.affinity),
                 anti_affinity=meta_value(pod, names.anti_affinity),
                 exclusion=meta_value(pod, names.exclusion))
+
+
+def held_by(pod: dict[str, Any], decided: Assignment) -> dict[str, tuple[int, int]]:
+    """Cores and memory per GPU UUID a bound pod holds: its assigned shares in kubelet's order
+    (init containers first), counted as kube-scheduler counts a pod (placement.PodUse)."""
+    spec = pod.get("spec") or {}
+    order = [(c, _kind(c)) for c in spec.get("initContainers") or []] + \
+        [(c, Kind.APP) for c in spec.get("containers") or []]
+    named = {c.get("name"): kind for c, kind in order}
+    # kubelet's order from the spec; an assigned name the spec lacks counts as an app container, last
+    ranked = sorted(decided.containers, key=lambda a: next(
+        (i for i, (c, _) in enumerate(order) if c.get("name") == a.name), len(order)))
+    return held_per_gpu((named.get(a.name, Kind.APP), g.uuid, g.cores, g.memory) for a in ranked for g in a.gpus)

@@ -11,8 +11,9 @@
 #include "api.h"
 #include "sim.h"
 
-/* A wait sleeps at most this long before looking again: a process that dies
- * brings completions forward, which no prediction foresees. */
+/* While other processes have work queued, a wait sleeps at most this long
+ * before looking again: one that dies brings completions forward, which no
+ * prediction foresees. */
 #define SIM_RECHECK_NS 10000000ull
 
 static pthread_key_t pts_key;
@@ -108,7 +109,7 @@ static bool reached_locked(struct sim_shared *sh, unsigned phys, uint64_t pos, u
     return reached(sh, phys, pos);
 }
 
-static bool mark_done(struct sim_mark m)
+bool sim_mark_done(struct sim_mark m)
 {
     if (m.pos == 0)
         return true;
@@ -132,7 +133,10 @@ static void mark_wait(struct sim_mark m)
             sim_unlock(sh);
             return;
         }
-        uint64_t t = sim_sched_predict(sh, m.phys, sim.slot, m.pos, now + SIM_RECHECK_NS);
+        const struct sim_proc *p = &sh->proc[sim.slot];
+        bool alone = sim_sched_pending(sh, m.phys) == p->queued_ns[m.phys] - p->busy_ns[m.phys];
+        uint64_t t = sim_sched_predict(sh, m.phys, sim.slot, m.pos,
+                                       alone ? UINT64_MAX : now + SIM_RECHECK_NS);
         sim_unlock(sh);
         sim_sleep_until(t);
     }
@@ -292,6 +296,7 @@ static CUresult stream_sync(CUstream h, bool ptsz)
     if (capturing)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     sim_stream_drain(s);
+    sim_pools_release_on_sync();
     return CUDA_SUCCESS;
 }
 
@@ -304,7 +309,7 @@ static CUresult stream_query(CUstream h, bool ptsz)
     pthread_mutex_lock(&sim.mu);
     struct sim_mark m = s->tail;
     pthread_mutex_unlock(&sim.mu);
-    return mark_done(m) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    return sim_mark_done(m) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 SIM_EXPORT CUresult cuStreamSynchronize(CUstream hStream) { return stream_sync(hStream, false); }
@@ -441,6 +446,7 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
         event_done(e);
         pthread_mutex_unlock(&sim.mu);
     }
+    sim_pools_release_on_sync();
     return CUDA_SUCCESS;
 }
 

@@ -3,8 +3,10 @@ runs start together, and comes back by itself when it dies, with the quota enfor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -12,7 +14,9 @@ from pathlib import Path
 import pytest
 from vcudacli import local_scheduler_dir, vcuda_popen
 
+from py_vcuda.launch import SchedulerKeeper
 from py_vcuda.sim import SimReader
+from token_scheduler import dirlock
 from token_scheduler.admin_client import AdminClient
 from token_scheduler.dirlock import holder_pid
 
@@ -52,16 +56,21 @@ def stats_or_none(admin: AdminClient) -> dict | None:
 
 
 @pytest.mark.parametrize("on_loss", ["block", "run"])
-def test_run_recovers_a_killed_scheduler(tmp_path: Path, runtime_env: dict[str, str], on_loss: str) -> None:
-    """SIGKILL the local scheduler mid-run: the run continues within the reconnect time plus 1 s,
-    through a new scheduler that holds it to its 30 % again."""
+@pytest.mark.parametrize("loss", ["killed", "hung"])
+def test_run_recovers_a_lost_scheduler(tmp_path: Path, runtime_env: dict[str, str], on_loss: str,
+                                       loss: str) -> None:
+    """The local scheduler lost mid-run: the run continues through a new scheduler that holds it to
+    its 30 % again. killed (SIGKILL): within the reconnect time plus 1 s. hung (SIGSTOP: alive, still
+    holding its directory's lock, answering nothing, so no successor could start): the run kills it
+    after HUNG_AFTER_S without an answer."""
     reconnect_ms = 2000
     env = {**runtime_env, "VCUDA_SCHEDULER_TIMEOUT_MS": str(reconnect_ms), "VCUDA_ON_SCHEDULER_LOSS": on_loss}
     state = tmp_path / "sim"
     run = vcuda_popen("run", "--simulate", "--sim-state", str(state), "--core", "30", "--",
-                      sys.executable, "-m", "py_vcuda.probe", "spin", "--seconds", "12", env=env)
+                      sys.executable, "-m", "py_vcuda.probe", "spin", "--seconds", "14", env=env)
     directory = local_scheduler_dir(runtime_env, simulated=True)
     admin = AdminClient(directory / "admin.sock")
+    old = None
     try:
         tenant = f"run-{run.pid}"
 
@@ -73,14 +82,16 @@ def test_run_recovers_a_killed_scheduler(tmp_path: Path, runtime_env: dict[str, 
         epoch = wait_for("the run's first grant", granted)["epoch"]
         time.sleep(1.0)
         (old,) = daemons_serving(directory)
-        os.kill(old, signal.SIGKILL)
-        killed = time.monotonic()
+        os.kill(old, signal.SIGKILL if loss == "killed" else signal.SIGSTOP)
+        lost = time.monotonic()
         # A new scheduler (another epoch) grants the run's token again.
         wait_for("a new scheduler granting the run",
                  lambda: (s := granted()) is not None and s["epoch"] != epoch)
-        recovered_s = time.monotonic() - killed
-        assert recovered_s <= reconnect_ms / 1000 + 1, f"recovered after {recovered_s:.2f} s"
-        assert old not in daemons_serving(directory)
+        recovered_s = time.monotonic() - lost
+        # hung: HUNG_AFTER_S of silence, a ping timeout, the kill and the start
+        bound = reconnect_ms / 1000 + 1 if loss == "killed" else SchedulerKeeper.HUNG_AFTER_S + 0.5 + 4
+        assert recovered_s <= bound, f"recovered after {recovered_s:.2f} s"
+        assert old not in daemons_serving(directory) and daemons_serving(directory) == [holder_pid(directory)]
         time.sleep(1.5)  # the simulated GPU's last second lies wholly after the recovery
         with SimReader(state) as sim:
             busy = sim.busy_in_window(0, 1_000_000_000) / 1e9
@@ -88,8 +99,13 @@ def test_run_recovers_a_killed_scheduler(tmp_path: Path, runtime_env: dict[str, 
         out, err = run.communicate(timeout=60)
         assert run.returncode == 0, err
         assert "starting it again" in err
+        if loss == "hung":
+            assert f"(pid {old}) has not answered" in err and "killed it" in err
     finally:
         admin.close()
+        if old is not None and loss == "hung":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(old, signal.SIGKILL)
         if run.poll() is None:
             run.kill()
             run.wait()
@@ -123,3 +139,27 @@ def test_runs_started_together_share_one_scheduler(runtime_env: dict[str, str]) 
             if run.poll() is None:
                 run.kill()
                 run.wait()
+
+
+def test_a_lock_held_by_another_program_is_left_alone(short_dir: Path) -> None:
+    """Only a token_scheduler daemon of the directory is ever killed: not a process that merely
+    holds the lock file, whatever the pid file says."""
+    directory = short_dir / "sched"
+    directory.mkdir()
+    script = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+              "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)")
+    # its command line even names the directory, like a daemon's
+    other = subprocess.Popen([sys.executable, "-c", script, str(directory / dirlock.LOCK_FILE), "--dir",
+                              str(directory)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "locked\n"
+        (directory / dirlock.LOCK_FILE).write_text(f"{other.pid}\n")
+        assert dirlock.lock_holder(directory) == other.pid
+        assert not dirlock.is_daemon_for(other.pid, directory)
+        assert dirlock.stop_hung_daemon(directory) is None
+        time.sleep(0.2)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+    assert dirlock.lock_holder(directory) is None

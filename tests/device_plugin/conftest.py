@@ -17,6 +17,7 @@ import pytest
 from device_plugin.config import resolve
 from device_plugin.inventory import Inventory
 from device_plugin.testing import TestKubelet, wait_for
+from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from py_vcuda import native
 from py_vcuda.nvml import GPUInfo
 from py_vcuda.sim import GiB, SimConfig
@@ -103,6 +104,22 @@ def stop_plugin(proc: subprocess.Popen[bytes], short_dir: Path) -> str:
     return (short_dir / "plugin.log").read_text(errors="replace")
 
 
+def host_env(resp: pb.ContainerAllocateResponse) -> dict[str, str]:
+    """The response's env as a process on the host sees it: container paths -> host paths."""
+    mounts = sorted(resp.mounts, key=lambda m: len(m.container_path), reverse=True)
+    env = {}
+    for key, value in resp.envs.items():
+        for m in mounts:
+            if m.container_path in value:
+                value = value.replace(m.container_path, m.host_path)
+                break
+        env[key] = value
+    preload = next(m for m in resp.mounts if m.container_path == "/etc/ld.so.preload")
+    lib = next(m.host_path for m in resp.mounts if m.container_path == Path(preload.host_path).read_text().strip())
+    env["LD_PRELOAD"] = lib
+    return env
+
+
 class Helpers:
     """The helpers above for test modules (conftest is not importable by name)."""
 
@@ -116,6 +133,7 @@ class Helpers:
     assignment_annotation = staticmethod(assignment_annotation)
     spawn_plugin = staticmethod(spawn_plugin)
     stop_plugin = staticmethod(stop_plugin)
+    host_env = staticmethod(host_env)
 
 
 @pytest.fixture
@@ -133,10 +151,10 @@ def agent_factory(short_dir: Path, kubelet: TestKubelet) -> Iterator[Callable[..
 
     def make(mode: str = "vgpu", gpus: int = 1, pods: Any = None, inv: Inventory | None = None,
              health_factory: Any = None, pod_watch: Any = None, patch_node: Any = None,
-             **overrides: Any) -> Agent:
+             nvml: Any = None, **overrides: Any) -> Agent:
         cfg = plugin_config(short_dir, mode, **overrides)
         agent = Agent(cfg, inventory=inv or inventory(gpus), pods=pods if pods is not None else StaticPods(),
-                      health_factory=health_factory, pod_watch=pod_watch, patch_node=patch_node)
+                      nvml=nvml, health_factory=health_factory, pod_watch=pod_watch, patch_node=patch_node)
         agent.start()
         started.append(agent)
         return agent

@@ -16,27 +16,10 @@ import pytest
 from shimtest import parse
 
 from device_plugin.pods import StaticPods
-from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from py_vcuda.sim import GiB, MiB, SimConfig
 
 CORE = "tencent.com/vcuda-core"
 OUT_OF_MEMORY = 2
-
-
-def host_env(resp: pb.ContainerAllocateResponse) -> dict[str, str]:
-    """The response's env as a process on the host sees it: container paths -> host paths."""
-    mounts = sorted(resp.mounts, key=lambda m: len(m.container_path), reverse=True)
-    env = {}
-    for key, value in resp.envs.items():
-        for m in mounts:
-            if m.container_path in value:
-                value = value.replace(m.container_path, m.host_path)
-                break
-        env[key] = value
-    preload = next(m for m in resp.mounts if m.container_path == "/etc/ld.so.preload")
-    lib = next(m.host_path for m in resp.mounts if m.container_path == Path(preload.host_path).read_text().strip())
-    env["LD_PRELOAD"] = lib
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +35,7 @@ def test_allocated_container_is_limited(agent_factory, kubelet, dp, short_dir, c
     resp = kubelet.allocate(CORE, [f"{uuid}::{i}" for i in range(30)]).container_responses[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_")}
     env.update(sim.env())
-    env.update(host_env(resp))
+    env.update(dp.host_env(resp))
     assert env["VCUDA_SCHEDULER"].startswith(f"ipc://{agent.layout.scheduler_dir(uuid)}")
 
     proc = subprocess.run([str(cuprobe), "init", "ctx", f"alloc:{512 * MiB}", f"alloc:{512 * MiB}",

@@ -8,6 +8,7 @@ the same wiring against the simulator and fakes.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -94,7 +95,8 @@ class Agent:
                 raise StartError(f"--host-lib-dir: {host_lib} does not exist; the DaemonSet's init step puts "
                                  "libvcuda.so there for containers to mount")
             for gpu in self.inventory.gpus:
-                self.schedulers[gpu.uuid] = TokenScheduler(gpu.uuid, self.layout, self._tenants_of(gpu.uuid))
+                self.schedulers[gpu.uuid] = TokenScheduler(gpu.uuid, self.layout,
+                                                           functools.partial(self.store.tenants, gpu.uuid))
             children.extend(self.schedulers.values())
             ctx = vgpu.VGPUContext(self.inventory, self.health, self.names, cfg.node_name, self.pods,
                                    self.store, self.schedulers, host_lib)
@@ -104,12 +106,6 @@ class Agent:
         daemons = {g.uuid: mps.MPSDaemon(g.uuid, self.layout, cfg.mps_control) for g in self.inventory.gpus}
         children.extend(daemons.values())
         return [mps.MPSPlugin(self.inventory, self.health, self.store, daemons)]
-
-    def _tenants_of(self, uuid: str) -> Callable[[], list[tuple[str, int, int]]]:
-        def tenants() -> list[tuple[str, int, int]]:
-            return [(r.tenant, r.core_request, r.core_limit) for r in self.store.records()
-                    if r.tenant and r.gpus and r.gpus[0] == uuid]
-        return tenants
 
     def start(self) -> None:
         self.config.device_plugin_dir.mkdir(parents=True, exist_ok=True)

@@ -90,6 +90,11 @@ class ContainerStore:
         """(pod uid, container) of every identified container (of `records`, else of all)."""
         return {(r.pod_uid, r.container) for r in (self.records() if records is None else records) if r.pod_uid}
 
+    def tenants(self, uuid: str) -> list[tuple[str, int, int]]:
+        """(tenant, request %, limit %) of every record with a tenant on this GPU: what its scheduler must hold."""
+        return [(r.tenant, r.core_request, r.core_limit) for r in self.records()
+                if r.tenant and r.gpus and r.gpus[0] == uuid]
+
     def newest(self, device_ids: Sequence[str]) -> ContainerRecord | None:
         """The latest record for exactly these device IDs (an older one is a gone container not yet cleaned up)."""
         ids = tuple(device_ids)

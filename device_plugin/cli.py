@@ -10,16 +10,18 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from device_plugin import config as configlib
 
 if TYPE_CHECKING:  # the agent's modules load grpc and NVML: only `run` needs them, not `vcuda --help`
-    from device_plugin.agent import WatchFactory
+    from device_plugin.agent import HealthFactory, WatchFactory
     from device_plugin.node_topology import Annotate
     from device_plugin.pods import PodSource
+    from py_vcuda.nvml import NVML
 
 log = logging.getLogger("device_plugin")
 
@@ -55,21 +57,41 @@ def cluster(kubeconfig: str | None, node: str) -> Cluster:
 
 
 def run(args: argparse.Namespace) -> int:
-    from device_plugin.agent import Agent, StartError, nvml_health
-    from device_plugin.inventory import Inventory
-    from py_vcuda.nvml import NVML, NVMLUnavailable
-
     try:
         cfg = configlib.from_args(args)
     except configlib.ConfigError as exc:
         print(f"vcuda device-plugin: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
-                        format="device_plugin: %(levelname)s %(name)s: %(message)s")
+
+    def build(nvml: NVML, health: HealthFactory | None) -> Daemon:
+        from device_plugin.agent import Agent
+        from device_plugin.inventory import Inventory
+
+        api = cluster(cfg.kubeconfig, cfg.node_name)
+        return Agent(cfg, inventory=Inventory.from_nvml(nvml), pods=api.pods, nvml=nvml, health_factory=health,
+                     pod_watch=api.watch, annotate_node=api.annotate_node)
+
+    return serve("vcuda device-plugin", "device_plugin", cfg.log_level, cfg.ignored_xids, build)
+
+
+class Daemon(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+def serve(prog: str, logger: str, log_level: str, ignored_xids: str | None,
+          build: Callable[[NVML, HealthFactory | None], Daemon]) -> int:
+    """A node daemon's life (the device plugin's agent, the DRA driver): logging, NVML and its XID
+    health monitor, the agent `build` wires (StartError: a message and exit status 2), until SIGTERM."""
+    from device_plugin.agent import StartError, nvml_health
+    from py_vcuda.nvml import NVML, NVMLUnavailable
+
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format=f"{logger}: %(levelname)s %(name)s: %(message)s")
     try:
         nvml = NVML()
     except NVMLUnavailable as exc:
-        print(f"vcuda device-plugin: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     stopping = threading.Event()
 
@@ -81,14 +103,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         health = None
         try:
-            health = nvml_health(nvml, cfg.ignored_xids)
+            health = nvml_health(nvml, ignored_xids)
         except ImportError as exc:
             log.warning("GPU health monitoring unavailable: %s", exc)
-        api = cluster(cfg.kubeconfig, cfg.node_name)
-        agent = Agent(cfg, inventory=Inventory.from_nvml(nvml), pods=api.pods, nvml=nvml, health_factory=health,
-                      pod_watch=api.watch, annotate_node=api.annotate_node)
+        agent = build(nvml, health)
     except (StartError, ValueError) as exc:
-        print(f"vcuda device-plugin: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         nvml.close()
         return 2
     agent.start()

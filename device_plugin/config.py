@@ -5,7 +5,8 @@ config file (``--config``, YAML or JSON, keys as in the table with ``_`` or
 ``-``) > default. Every option is declared once below with its env alias
 ``VCUDA_PLUGIN_<NAME>``; "unset" (None) is distinct from zero. Validation
 happens here, so a bad value stops the agent with one line naming the option
-and where the value came from.
+and where the value came from. `OptionTable` does the merging; the DRA driver
+(dra_driver.config) declares its own table with it.
 
 Environment variables (all optional):
 
@@ -35,7 +36,7 @@ import argparse
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +58,14 @@ def _mode(text: str) -> str:
     return text
 
 
-def _port(text: str) -> int:
-    port = int(text)
-    if not 0 <= port <= 65535:
+def port_number(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
         raise ValueError("must be a port number 0..65535 (0 disables)")
-    return port
+    return value
 
 
-def _xids(text: str) -> str:
+def xid_list(text: str) -> str:
     for part in filter(None, (p.strip() for p in text.split(","))):
         if not part.isdigit():
             raise ValueError(f"{part!r} is not an XID number")
@@ -77,13 +78,13 @@ def _domain(text: str) -> str:
     return text
 
 
-def _level(text: str) -> str:
+def log_level(text: str) -> str:
     if text.lower() not in LOG_LEVELS:
         raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
     return text.lower()
 
 
-def _positive(text: str) -> float:
+def positive_number(text: str) -> float:
     value = float(text)
     if value <= 0:
         raise ValueError("must be > 0")
@@ -106,22 +107,23 @@ OPTIONS: tuple[Option, ...] = (
     Option("pod_resources_socket", Path("/var/lib/kubelet/pod-resources/kubelet.sock"), Path,
            "kubelet pod-resources socket"),
     Option("state_dir", Path("/var/lib/vcuda"), Path, "node state directory"),
-    Option("metrics_port", 9394, _port, "Prometheus exporter port (0 disables)"),
+    Option("metrics_port", 9394, port_number, "Prometheus exporter port (0 disables)"),
     Option("node_name", None, str, "this node's name (default: env NODE_NAME)"),
     Option("resource_domain", "tencent.com", _domain, "domain of the vgpu resource names"),
     Option("annotation_prefix", "vcuda.io", _domain, "prefix of the quota annotations"),
     Option("features_file", Path("/etc/kubernetes/node-feature-discovery/features.d/vcuda"), Path,
            "node-feature-discovery feature file ('' disables)"),
-    Option("ignored_xids", None, _xids, "comma list of XIDs that do not mark a GPU unhealthy ('' : none; "
+    Option("ignored_xids", None, xid_list, "comma list of XIDs that do not mark a GPU unhealthy ('' : none; "
            "unset: NVIDIA's list of application XIDs)"),
     Option("host_lib_dir", Path("/usr/local/vcuda/lib"), Path,
            "host directory with libvcuda.so, mounted into vgpu containers"),
     Option("mps_control", "nvidia-cuda-mps-control", str, "MPS control daemon binary (mps mode)"),
     Option("kubeconfig", None, str, "kubeconfig for the API server (default: in-cluster)"),
-    Option("resync_s", 30.0, _positive, "seconds between pod/quota/cleanup passes besides those pod events start"),
-    Option("cleanup_grace_s", 60.0, _positive,
+    Option("resync_s", 30.0, positive_number,
+           "seconds between pod/quota/cleanup passes besides those pod events start"),
+    Option("cleanup_grace_s", 60.0, positive_number,
            "seconds a container's devices may be missing from pod-resources before its directory goes"),
-    Option("log_level", "info", _level, "debug, info, warning or error"),
+    Option("log_level", "info", log_level, "debug, info, warning or error"),
 )
 
 
@@ -145,65 +147,96 @@ class PluginConfig:
     log_level: str
 
 
+@dataclass(frozen=True)
+class OptionTable:
+    """Options with their env prefix: flags, env, file and defaults merged by precedence.
+
+    The device plugin's table is below; the DRA driver declares its own (dra_driver.config).
+    """
+
+    options: tuple[Option, ...]
+    env_prefix: str
+    env_aliases: Mapping[str, str] = field(default_factory=dict)   # option -> a further env var, below its own
+
+    def env_name(self, option: Option) -> str:
+        return self.env_prefix + option.name.upper()
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Every option as a flag; a flag left out is None so lower sources show through."""
+        parser.add_argument("--config", type=Path, default=None, metavar="FILE",
+                            help="config file (YAML or JSON); flags and env override it")
+        for option in self.options:
+            flag = "--" + option.name.replace("_", "-")
+            default = option.default if option.default is not None else "unset"
+            parser.add_argument(flag, dest=option.name, default=None,
+                                help=f"{option.help} [env {self.env_name(option)}; default {default}]")
+
+    def read_file(self, path: Path) -> dict[str, Any]:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"--config: cannot read {path}: {exc.strerror}") from None
+        try:
+            doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise ConfigError(f"--config: {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                              f"{str(exc).splitlines()[0]}") from None
+        if doc is None:
+            return {}
+        if not isinstance(doc, dict):
+            raise ConfigError(f"--config: {path} must hold a mapping of option names to values")
+        known = {o.name for o in self.options}
+        out = {}
+        for key, value in doc.items():
+            name = str(key).replace("-", "_")
+            if name not in known:
+                raise ConfigError(f"--config: {path}: unknown option {key!r}")
+            out[name] = value
+        return out
+
+    def merge(self, flags: Mapping[str, Any], env: Mapping[str, str], file_values: Mapping[str, Any],
+              file_name: str = "config file") -> dict[str, Any]:
+        """Every option's value by precedence, validated (the default where no source sets it)."""
+        values: dict[str, Any] = {}
+        for option in self.options:
+            candidates = [
+                (flags.get(option.name), "--" + option.name.replace("_", "-")),
+                (env.get(self.env_name(option)), self.env_name(option)),
+            ]
+            if option.name in self.env_aliases:
+                alias = self.env_aliases[option.name]
+                candidates.append((env.get(alias), alias))
+            candidates.append((file_values.get(option.name), f"{file_name}: {option.name}"))
+            value, source = next(((v, s) for v, s in candidates if v is not None), (None, ""))
+            if value is None:
+                values[option.name] = option.default
+                continue
+            try:
+                values[option.name] = option.parse(str(value))
+            except ValueError as exc:
+                raise ConfigError(f"{source}: {value!r}: {exc}") from None
+        return values
+
+    def from_args(self, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """merge() of the parsed flags, the environment and the --config file."""
+        path = getattr(args, "config", None)
+        file_values = self.read_file(path) if path else {}
+        flags = {o.name: getattr(args, o.name, None) for o in self.options}
+        return self.merge(flags, os.environ if env is None else env, file_values, str(path) if path else "config file")
+
+
+TABLE = OptionTable(OPTIONS, ENV_PREFIX, {"node_name": "NODE_NAME"})
+
+
 def env_name(option: Option) -> str:
-    return ENV_PREFIX + option.name.upper()
+    return TABLE.env_name(option)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every option as a flag; a flag left out is None so lower sources show through."""
-    parser.add_argument("--config", type=Path, default=None, metavar="FILE",
-                        help="config file (YAML or JSON); flags and env override it")
-    for option in OPTIONS:
-        flag = "--" + option.name.replace("_", "-")
-        default = option.default if option.default is not None else "unset"
-        parser.add_argument(flag, dest=option.name, default=None,
-                            help=f"{option.help} [env {env_name(option)}; default {default}]")
+    TABLE.add_arguments(parser)
 
 
-def read_file(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"--config: cannot read {path}: {exc.strerror}") from None
-    try:
-        doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--config: {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
-                          f"{str(exc).splitlines()[0]}") from None
-    if doc is None:
-        return {}
-    if not isinstance(doc, dict):
-        raise ConfigError(f"--config: {path} must hold a mapping of option names to values")
-    known = {o.name for o in OPTIONS}
-    out = {}
-    for key, value in doc.items():
-        name = str(key).replace("-", "_")
-        if name not in known:
-            raise ConfigError(f"--config: {path}: unknown option {key!r}")
-        out[name] = value
-    return out
-
-
-def resolve(flags: Mapping[str, Any], env: Mapping[str, str], file_values: Mapping[str, Any],
-            file_name: str = "config file") -> PluginConfig:
-    """Merge the sources by precedence and validate each value."""
-    values: dict[str, Any] = {}
-    for option in OPTIONS:
-        candidates = [
-            (flags.get(option.name), "--" + option.name.replace("_", "-")),
-            (env.get(env_name(option)), env_name(option)),
-        ]
-        if option.name == "node_name":
-            candidates.append((env.get("NODE_NAME"), "NODE_NAME"))
-        candidates.append((file_values.get(option.name), f"{file_name}: {option.name}"))
-        value, source = next(((v, s) for v, s in candidates if v is not None), (None, ""))
-        if value is None:
-            values[option.name] = option.default
-            continue
-        try:
-            values[option.name] = option.parse(str(value))
-        except ValueError as exc:
-            raise ConfigError(f"{source}: {value!r}: {exc}") from None
+def _config(values: dict[str, Any]) -> PluginConfig:
     if values["mode"] is None:
         raise ConfigError("--mode: required (vgpu, pgpu or mps; or env VCUDA_PLUGIN_MODE)")
     if not values["node_name"]:
@@ -214,8 +247,11 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str], file_values: Mappi
     return PluginConfig(**{k: v for k, v in values.items() if k in names})
 
 
+def resolve(flags: Mapping[str, Any], env: Mapping[str, str], file_values: Mapping[str, Any],
+            file_name: str = "config file") -> PluginConfig:
+    """Merge the sources by precedence and validate each value."""
+    return _config(TABLE.merge(flags, env, file_values, file_name))
+
+
 def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> PluginConfig:
-    file_values = read_file(args.config) if getattr(args, "config", None) else {}
-    flags = {o.name: getattr(args, o.name, None) for o in OPTIONS}
-    return resolve(flags, os.environ if env is None else env, file_values,
-                   str(args.config) if getattr(args, "config", None) else "config file")
+    return _config(TABLE.from_args(args, env))

@@ -9,7 +9,9 @@ with the messages kubelet sends. `restart()` does what a kubelet restart
 does: plugin sockets are wiped and kubelet.sock is re-created.
 
 Used by tests/device_plugin and bench/plugin_bench.py, with the fake Kubernetes
-API server scheduler_extender.testing.FakeApiServer.
+API server scheduler_extender.testing.FakeApiServer. `gpu` and `inventory` build
+GPUs with the simulator's UUIDs (a simulated program sees the same cards), for
+the device plugin's and the DRA driver's tests.
 """
 
 from __future__ import annotations
@@ -28,6 +30,19 @@ from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
 from device_plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from device_plugin.api import podresources_v1_pb2 as prpb
 from device_plugin.api import podresources_v1_pb2_grpc as prpb_grpc
+from device_plugin.inventory import Inventory
+from py_vcuda.nvml import GPUInfo
+from py_vcuda.sim import GiB
+
+
+def gpu(index: int, *, numa: int | None = None, memory: int = 16 * GiB) -> GPUInfo:
+    """A GPU with the simulator's UUID scheme, so a simulated program sees the same card."""
+    return GPUInfo(index=index, uuid=f"GPU-5157a0c0-{index:04x}-4000-8000-{index:012x}",
+                   name="vcuda simulated GPU", memory_total=memory, minor=index, numa_node=numa)
+
+
+def inventory(n: int, **kw: Any) -> Inventory:
+    return Inventory(tuple(gpu(i, **kw) for i in range(n)))
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:

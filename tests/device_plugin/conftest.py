@@ -16,10 +16,9 @@ import pytest
 
 from device_plugin.config import resolve
 from device_plugin.inventory import Inventory
-from device_plugin.testing import TestKubelet, wait_for
+from device_plugin.testing import TestKubelet, gpu, inventory, wait_for
 from py_vcuda import native
-from py_vcuda.nvml import GPUInfo
-from py_vcuda.sim import GiB, SimConfig
+from py_vcuda.sim import SimConfig
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "node-1"
@@ -33,16 +32,6 @@ def kubelet(short_dir: Path) -> Iterator[TestKubelet]:
     k.start()
     yield k
     k.stop()
-
-
-def gpu(index: int, *, numa: int | None = None, memory: int = 16 * GiB) -> GPUInfo:
-    """A GPU with the simulator's UUID scheme, so a simulated program sees the same card."""
-    return GPUInfo(index=index, uuid=f"GPU-5157a0c0-{index:04x}-4000-8000-{index:012x}",
-                   name="vcuda simulated GPU", memory_total=memory, minor=index, numa_node=numa)
-
-
-def inventory(n: int, **kw: Any) -> Inventory:
-    return Inventory(tuple(gpu(i, **kw) for i in range(n)))
 
 
 def plugin_config(short_dir: Path, mode: str = "vgpu", **overrides: Any):  # type: ignore[no-untyped-def]

@@ -150,7 +150,8 @@ class Servicer(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
+def socket_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a socket file; a re-created socket has a new one. None when it is gone."""
     try:
         st = os.stat(path)
     except OSError:
@@ -176,11 +177,11 @@ class Endpoint:
         server.add_insecure_port(f"unix://{self.path}")
         server.start()
         self._server = server
-        self._served = _identity(self.path)
+        self._served = socket_identity(self.path)
         log.info("serving %s on %s", self.plugin.resource, self.path)
 
     def socket_intact(self) -> bool:
-        return self._server is not None and _identity(self.path) == self._served
+        return self._server is not None and socket_identity(self.path) == self._served
 
     def stop(self) -> None:
         if self._server is not None:
@@ -188,7 +189,7 @@ class Endpoint:
             self._server.stop(grace=0.5).wait()
             self._server = None
             self.board = DeviceBoard()
-            if _identity(self.path) == self._served:
+            if socket_identity(self.path) == self._served:
                 self.path.unlink(missing_ok=True)
 
     def register(self, kubelet_socket: Path, timeout: float = 5.0) -> None:
@@ -238,7 +239,7 @@ class Registrar:
         kubelet = None
         next_try = 0.0
         while not self._stop.is_set():
-            current = _identity(self.kubelet_socket)
+            current = socket_identity(self.kubelet_socket)
             if current != kubelet:
                 if current is not None and kubelet is not None:
                     log.info("kubelet.sock was re-created: kubelet restarted, registering again")

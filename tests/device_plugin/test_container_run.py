@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from shimtest import parse
+from shimtest import container_env_on_host, parse
 
 from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
 from device_plugin.pods import StaticPods
@@ -24,19 +24,7 @@ OUT_OF_MEMORY = 2
 
 
 def host_env(resp: pb.ContainerAllocateResponse) -> dict[str, str]:
-    """The response's env as a process on the host sees it: container paths -> host paths."""
-    mounts = sorted(resp.mounts, key=lambda m: len(m.container_path), reverse=True)
-    env = {}
-    for key, value in resp.envs.items():
-        for m in mounts:
-            if m.container_path in value:
-                value = value.replace(m.container_path, m.host_path)
-                break
-        env[key] = value
-    preload = next(m for m in resp.mounts if m.container_path == "/etc/ld.so.preload")
-    lib = next(m.host_path for m in resp.mounts if m.container_path == Path(preload.host_path).read_text().strip())
-    env["LD_PRELOAD"] = lib
-    return env
+    return container_env_on_host(resp.envs, {m.container_path: m.host_path for m in resp.mounts})
 
 
 @pytest.fixture(scope="module")

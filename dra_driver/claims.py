@@ -125,6 +125,14 @@ def _quantity(value: Any, what: str) -> int:
         raise ClaimError(f"{what}: {exc}") from None
 
 
+def _consumed(consumed: Mapping[str, Any], name: str, where: str) -> int | None:
+    """A consumed capacity by the name the slice gave it ("cores"), or qualified with our domain."""
+    for key in (name, f"{DRIVER}/{name}"):
+        if key in consumed:
+            return _quantity(consumed[key], f"{where}.{key}")
+    return None
+
+
 def share_config_fields(params: Any, where: str) -> dict[str, Any]:
     """The fields a GpuShareConfig sets (ShareConfig names), validated; ClaimError names the bad one."""
     if not isinstance(params, Mapping):
@@ -188,8 +196,7 @@ def parse_claim(doc: Mapping[str, Any], driver: str = DRIVER) -> Claim:
             continue
         where = f"ResourceClaim {ref}: status.allocation.devices.results[{i}]"
         consumed = r.get("consumedCapacity") or {}
-        cores = _quantity(consumed[CORES], f"{where}.consumedCapacity.{CORES}") if CORES in consumed else None
-        memory = _quantity(consumed[MEMORY], f"{where}.consumedCapacity.{MEMORY}") if MEMORY in consumed else None
+        cores, memory = (_consumed(consumed, name, f"{where}.consumedCapacity") for name in (CORES, MEMORY))
         if not r.get("pool") or not r.get("device") or not r.get("request"):
             raise ClaimError(f"{where}: request, pool and device must be set")
         results.append(Result(request=str(r["request"]), pool=str(r["pool"]), device=str(r["device"]),

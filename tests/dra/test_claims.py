@@ -33,6 +33,13 @@ def test_only_our_driver_counts():
     assert plan(parse_claim(t.claim("n", NODE, [t.foreign(NODE)])), gpu_of) == []
 
 
+def test_consumed_capacity_may_be_qualified_with_the_driver_domain():
+    doc = t.claim("c", NODE, [{**t.share(NODE, 0, 30, GiB),
+                               "consumedCapacity": {"gpu.vcuda.io/cores": "25", "gpu.vcuda.io/memory": "1Gi"}}])
+    (r,) = parse_claim(doc).results
+    assert (r.cores, r.memory) == (25, GiB)
+
+
 def test_a_share_of_one_gpu():
     (s,) = shares(t.claim("c", NODE, [t.share(NODE, 1, 30, 4 * GiB)]))
     assert (s.gpus, s.core_request, s.core_limit, s.memory_limit, s.fractional) == (

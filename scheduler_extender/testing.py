@@ -279,6 +279,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     api: FakeApiServer
     protocol_version = "HTTP/1.1"  # watches stream chunked, like the real API server
+    # Headers and body go out in two writes: with Nagle's algorithm the body waits for the client's
+    # delayed ACK (40 ms a response). The real API server (Go) sets TCP_NODELAY too.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         pass

@@ -36,10 +36,10 @@ from dra_driver import config, testing  # noqa: E402
 from dra_driver.agent import DriverAgent  # noqa: E402
 from dra_driver.kube import KubeAPI  # noqa: E402
 from dra_driver.names import DRIVER  # noqa: E402
+from kube_contract.apiclient import make_api_client  # noqa: E402
+from kube_contract.testing import FakeApiServer  # noqa: E402
 from py_vcuda import native  # noqa: E402
 from py_vcuda.sim import MiB  # noqa: E402
-from scheduler_extender.kube import make_api_client  # noqa: E402
-from scheduler_extender.testing import FakeApiServer  # noqa: E402
 
 NODE = testing.NODE
 GOAL_PREPARE_P99_MS = 20.0

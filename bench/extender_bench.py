@@ -23,8 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kube_contract.names import MEMORY_UNIT_BYTES, Names  # noqa: E402
+from kube_contract.testing import pod_json, topology  # noqa: E402
 from scheduler_extender.extender import Extender  # noqa: E402
-from scheduler_extender.names import MEMORY_UNIT_BYTES, Names  # noqa: E402
 from scheduler_extender.placement import (  # noqa: E402
     ContainerRequest,
     PodRequest,
@@ -34,7 +35,6 @@ from scheduler_extender.placement import (  # noqa: E402
 )
 from scheduler_extender.server import tune_gc  # noqa: E402
 from scheduler_extender.state import ClusterState  # noqa: E402
-from scheduler_extender.testing import pod_json, topology  # noqa: E402
 
 GiB = 1 << 30
 NO_TAGS = Tags()

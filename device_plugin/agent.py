@@ -16,21 +16,21 @@ from typing import Any
 
 from device_plugin import mps, pgpu, vgpu
 from device_plugin.config import PluginConfig
-from device_plugin.containers import ContainerStore
 from device_plugin.inventory import Health, Inventory
 from device_plugin.kubelet import Endpoint, Registrar, ResourcePlugin
 from device_plugin.labels import write_feature_file
-from device_plugin.layout import NodeLayout
 from device_plugin.metrics import start_exporter
 from device_plugin.node_topology import Annotate, TopologyPublisher
-from device_plugin.podresources import PodResourcesClient
 from device_plugin.pods import PodSource
 from device_plugin.reconcile import Reconciler
-from device_plugin.schedulers import TokenScheduler
-from device_plugin.supervisor import Child, Supervisor
+from kube_contract.names import Names
+from kube_contract.podresources import PodResourcesClient
+from node_state.containers import ContainerStore
+from node_state.layout import NodeLayout
+from node_state.schedulers import TokenScheduler
+from node_state.supervisor import Child, Supervisor
 from py_vcuda import native
 from py_vcuda.nvml import NVML
-from scheduler_extender.names import Names
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ def cluster(kubeconfig: str | None, node: str) -> Cluster:
     try:
         from kubernetes import client
 
-        from scheduler_extender.kube import make_api_client
+        from kube_contract.apiclient import make_api_client
 
         api = client.CoreV1Api(make_api_client(kubeconfig))
     except Exception as exc:   # the kubernetes client raises several unrelated types here

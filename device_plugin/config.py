@@ -14,7 +14,7 @@ Environment variables (all optional):
 ``VCUDA_PLUGIN_MODE``              vgpu, pgpu or mps
 ``VCUDA_PLUGIN_DEVICE_PLUGIN_DIR`` kubelet's device-plugins directory
 ``VCUDA_PLUGIN_POD_RESOURCES_SOCKET``  kubelet pod-resources socket
-``VCUDA_PLUGIN_STATE_DIR``         node state directory (device_plugin.layout)
+``VCUDA_PLUGIN_STATE_DIR``         node state directory (node_state.layout)
 ``VCUDA_PLUGIN_METRICS_PORT``      Prometheus port, 0 disables
 ``VCUDA_PLUGIN_NODE_NAME``         this node's name (also ``NODE_NAME``)
 ``VCUDA_PLUGIN_RESOURCE_DOMAIN``   vgpu resource domain (tencent.com)
@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from device_plugin.layout import MODES
+from node_state.layout import MODES
 
 ENV_PREFIX = "VCUDA_PLUGIN_"
 LOG_LEVELS = ("debug", "info", "warning", "error")

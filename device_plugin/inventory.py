@@ -12,9 +12,9 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
-from device_plugin.containers import ContainerStore
 from device_plugin.kubelet import HEALTHY, UNHEALTHY, AllocationError
+from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
+from node_state.containers import ContainerStore
 from py_vcuda.nvml import NVML, GPUInfo
 
 SEPARATOR = "::"

@@ -22,8 +22,8 @@ from typing import Protocol
 
 import grpc
 
-from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
-from device_plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
+from kube_contract.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,11 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+
+
+def mount(host: Path, container: Path, read_only: bool) -> pb.Mount:
+    """One mount of an Allocate response (a node_state.containers path, usually)."""
+    return pb.Mount(host_path=str(host), container_path=str(container), read_only=read_only)
 
 
 class AllocationError(Exception):

@@ -19,9 +19,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from device_plugin import metrics_text
-from device_plugin.layout import NodeLayout
-from device_plugin.metrics_snapshot import ContainerGPU, NodeReader, NodeSnapshot, allocated, gpu_modes
-from device_plugin.podresources import PodResourcesClient
+from kube_contract.podresources import PodResourcesClient
+from node_state.layout import NodeLayout
+from node_state.metrics_snapshot import ContainerGPU, NodeReader, NodeSnapshot, allocated, gpu_modes
 from py_vcuda.nvml import NVML
 
 GPU_LABELS = ["node", "gpu", "uuid", "mode"]

@@ -1,5 +1,5 @@
 """Publish this node's GPUs and NVLink as the node annotation ``vcuda.io/gpu-topology``
-(format: scheduler_extender.topology), which the scheduler extender reads to place
+(format: kube_contract.topology), which the scheduler extender reads to place
 vgpu requests on a concrete GPU. Without it the extender finds no GPUs on the node.
 
 The agent patches its Node once at start, from a background thread that keeps
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from device_plugin.inventory import Inventory
-from scheduler_extender import topology
+from kube_contract import topology
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
-from device_plugin.containers import new_key
 from device_plugin.inventory import NodeResource, best_set
 from device_plugin.kubelet import AllocationError
-from device_plugin.layout import ContainerRecord
+from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
+from node_state.containers import new_key
+from node_state.layout import ContainerRecord
 from py_vcuda.nvml import GPUInfo
 
 RESOURCE = "nvidia.com/gpu"

@@ -1,7 +1,7 @@
 """Which container an Allocate is for: kubelet sends only device IDs.
 
 With the scheduler extender, the pod carries ``vcuda.io/gpu-assignment``
-(scheduler_extender.assignment): the container whose assigned GPUs and cores
+(kube_contract.assignment): the container whose assigned GPUs and cores
 equal what the IDs say, on a pod bound to this node and not allocated yet, is
 the one; when several match and are interchangeable (same quota in every
 respect), the oldest is taken provisionally and the reconciler confirms or
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from device_plugin.kubelet import AllocationError
-from scheduler_extender import assignment
-from scheduler_extender.names import Names
+from kube_contract import assignment
+from kube_contract.names import Names
 
 log = logging.getLogger(__name__)
 
@@ -315,13 +315,13 @@ class PodWatch:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        from scheduler_extender.kube import _lines, _read
+        from kube_contract.apiclient import read_json, watch_lines
 
         selector = f"spec.nodeName={self.node}"
         while not self._stop.is_set():
             try:
-                doc = _read(self.api.list_pod_for_all_namespaces(field_selector=selector, _preload_content=False,
-                                                                  _request_timeout=60))
+                doc = read_json(self.api.list_pod_for_all_namespaces(field_selector=selector, _preload_content=False,
+                                                                     _request_timeout=60))
                 rv = str((doc.get("metadata") or {}).get("resourceVersion") or "")
                 while not self._stop.is_set():
                     resp = self.api.list_pod_for_all_namespaces(
@@ -329,7 +329,7 @@ class PodWatch:
                         timeout_seconds=self.watch_timeout, _preload_content=False,
                         _request_timeout=self.watch_timeout + 30)
                     try:
-                        for line in _lines(resp):
+                        for line in watch_lines(resp):
                             event = json.loads(line)
                             obj = event.get("object") or {}
                             if event.get("type") == "ERROR":

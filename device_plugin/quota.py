@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
 from py_vcuda.quantity import QuantityError, parse_quantity
-from scheduler_extender.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
 
 
 class QuotaError(ValueError):

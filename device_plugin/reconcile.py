@@ -26,13 +26,13 @@ import time
 from collections.abc import Callable, Mapping
 
 from device_plugin import pods as podlib
-from device_plugin.containers import ContainerStore
-from device_plugin.layout import ContainerRecord
-from device_plugin.podresources import DeviceKey, PodRef, PodResourcesError
 from device_plugin.quota import QuotaError, quota
-from device_plugin.schedulers import SchedulerError, TokenScheduler, remove_tenant
-from scheduler_extender import assignment
-from scheduler_extender.names import Names
+from kube_contract import assignment
+from kube_contract.names import Names
+from kube_contract.podresources import DeviceKey, PodRef, PodResourcesError
+from node_state.containers import ContainerStore
+from node_state.layout import ContainerRecord
+from node_state.schedulers import SchedulerError, TokenScheduler, remove_tenant
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_plugin.containers import (
+from node_state.containers import (
     CONTAINER_DIR,
     CONTAINER_LEDGER,
     CONTAINER_LIB,
@@ -28,8 +28,8 @@ from device_plugin.containers import (
     PRELOAD_FILE,
     ContainerStore,
 )
-from device_plugin.layout import ContainerRecord, NodeLayout
-from device_plugin.schedulers import SchedulerError, TokenScheduler
+from node_state.layout import ContainerRecord, NodeLayout
+from node_state.schedulers import SchedulerError, TokenScheduler
 
 PRELOAD_TARGET = Path("/etc/ld.so.preload")
 

@@ -9,7 +9,7 @@ with the messages kubelet sends. `restart()` does what a kubelet restart
 does: plugin sockets are wiped and kubelet.sock is re-created.
 
 Used by tests/device_plugin and bench/plugin_bench.py, with the fake Kubernetes
-API server scheduler_extender.testing.FakeApiServer. `gpu` and `inventory` build
+API server kube_contract.testing.FakeApiServer. `gpu` and `inventory` build
 GPUs with the simulator's UUIDs (a simulated program sees the same cards), for
 the device plugin's and the DRA driver's tests.
 """
@@ -26,11 +26,11 @@ from typing import Any
 
 import grpc
 
-from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
-from device_plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from device_plugin.api import podresources_v1_pb2 as prpb
-from device_plugin.api import podresources_v1_pb2_grpc as prpb_grpc
 from device_plugin.inventory import Inventory
+from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
+from kube_contract.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from kube_contract.api import podresources_v1_pb2 as prpb
+from kube_contract.api import podresources_v1_pb2_grpc as prpb_grpc
 from py_vcuda.nvml import GPUInfo
 from py_vcuda.sim import GiB
 

@@ -2,7 +2,7 @@
 schedulers, health, the ResourceSlice publisher and the exporter, and takes them down
 in reverse.
 
-The node-side pieces are the device plugin's (device_plugin.layout, containers,
+The node-side pieces are the device plugin's (node_state.layout, containers,
 schedulers, supervisor, health, metrics): a node runs either the device plugin
 or the DRA driver on a state directory, and its containers look the same to the
 exporter and `vcuda top` either way. Hardware and cluster come in as objects
@@ -18,18 +18,18 @@ from collections.abc import Callable
 from typing import Protocol
 
 from device_plugin.agent import HealthFactory, StartError
-from device_plugin.containers import ContainerStore
 from device_plugin.inventory import Health, Inventory
-from device_plugin.layout import NodeLayout
 from device_plugin.metrics import start_exporter
-from device_plugin.schedulers import TokenScheduler
-from device_plugin.supervisor import Supervisor
 from dra_driver import slices
 from dra_driver.cdi import SpecDir
 from dra_driver.checkpoint import Checkpoint
 from dra_driver.config import DriverConfig
 from dra_driver.driver import MODE, ClaimSource, Driver
 from dra_driver.plugin import KubeletPlugin
+from node_state.containers import ContainerStore
+from node_state.layout import NodeLayout
+from node_state.schedulers import TokenScheduler
+from node_state.supervisor import Supervisor
 from py_vcuda import native
 from py_vcuda.nvml import NVML
 

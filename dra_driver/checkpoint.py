@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_plugin.layout import ContainerRecord, LayoutError
+from node_state.layout import ContainerRecord, LayoutError
 from py_vcuda.files import write_atomic
 
 log = logging.getLogger(__name__)

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dra_driver.names import CONFIG_API_VERSION, CONFIG_KIND, CORES, DRIVER, MEMORY
+from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES
 from py_vcuda.nvml import GPUInfo
 from py_vcuda.quantity import QuantityError, parse_quantity
-from scheduler_extender.names import CORES_PER_GPU, MEMORY_UNIT_BYTES
 
 PRIORITIES = ("normal", "high")
 

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         from dra_driver.agent import DriverAgent
         from dra_driver.kube import KubeAPI
         from dra_driver.slices import DriverVersions
-        from scheduler_extender.kube import make_api_client
+        from kube_contract.apiclient import make_api_client
 
         try:
             api = KubeAPI(make_api_client(cfg.kubeconfig))

@@ -7,7 +7,7 @@ Environment variables (all optional):
 ``VCUDA_DRA_PLUGIN_DIR``           kubelet plugins directory (the DRA socket goes in <dir>/gpu.vcuda.io/)
 ``VCUDA_DRA_REGISTRY_DIR``         kubelet plugin registry (the registration socket)
 ``VCUDA_DRA_CDI_DIR``              where the CDI specs of prepared claims go
-``VCUDA_DRA_STATE_DIR``            node state directory (device_plugin.layout; the checkpoint in dra/)
+``VCUDA_DRA_STATE_DIR``            node state directory (node_state.layout; the checkpoint in dra/)
 ``VCUDA_DRA_HOST_LIB_DIR``         host directory holding libvcuda.so
 ``VCUDA_DRA_NODE_NAME``            this node's name (also ``NODE_NAME``)
 ``VCUDA_DRA_METRICS_PORT``         Prometheus port, 0 disables

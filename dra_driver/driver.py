@@ -17,7 +17,7 @@ unknown claim unprepares successfully (it may have been cleaned up already).
 `recover` runs at start and finishes or undoes whatever a crash left half done
 (dra_driver.checkpoint lists the cases).
 
-A DRA container's record (device_plugin.layout) has mode ``vgpu`` (that is the
+A DRA container's record (node_state.layout) has mode ``vgpu`` (that is the
 enforcement it gets), resource ``gpu.vcuda.io``, the pod from the claim's
 ``reservedFor`` and the pod's containers that use the claim, and in ``extra``
 the claim's UID, name and request: the exporter and `vcuda top` show it like a
@@ -36,15 +36,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from device_plugin import tenancy
-from device_plugin.containers import ContainerStore, new_key
 from device_plugin.inventory import Health, Inventory
-from device_plugin.layout import ContainerRecord
-from device_plugin.schedulers import SchedulerError, TokenScheduler, remove_tenant
 from dra_driver import cdi
 from dra_driver.checkpoint import PREPARED, UNPREPARING, Checkpoint, PreparedClaim, PreparedDevice, PreparedShare
 from dra_driver.claims import Claim, ClaimError, Result, Share, parse_claim, plan
 from dra_driver.names import DRIVER
 from dra_driver.slices import device_name
+from node_state.containers import ContainerStore, new_key
+from node_state.layout import ContainerRecord
+from node_state.schedulers import SchedulerError, TokenScheduler, remove_tenant
 from py_vcuda.nvml import GPUInfo
 
 log = logging.getLogger(__name__)

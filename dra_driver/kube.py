@@ -12,7 +12,6 @@ These are exactly the calls deploy/dra/rbac.yaml grants (a test checks both ways
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from kubernetes import client
@@ -20,7 +19,7 @@ from kubernetes.client.rest import ApiException
 
 from dra_driver.names import DRIVER
 from dra_driver.slices import Conflict, Slice
-from scheduler_extender.kube import api_message
+from kube_contract.apiclient import api_message, read_json
 
 
 class ApiError(RuntimeError):
@@ -33,11 +32,6 @@ def describe(exc: BaseException) -> str:
         return api_message(exc)
     reason = getattr(exc, "reason", None)   # urllib3's MaxRetryError: the connection error inside
     return f"API server unreachable ({reason or exc})"
-
-
-def _json(resp: Any) -> Any:
-    raw = getattr(resp, "response", resp)   # RESTResponse wraps urllib3's response
-    return json.loads(raw.data)
 
 
 class KubeAPI:
@@ -92,7 +86,7 @@ class KubeAPI:
 
     def _call(self, what: str, call: Any) -> Any:
         try:
-            return _json(call())
+            return read_json(call())
         except ApiException as exc:
             if exc.status == 409:
                 raise Conflict(f"{what}: {api_message(exc)}") from exc

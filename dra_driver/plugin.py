@@ -25,9 +25,6 @@ from typing import Any, Protocol
 import grpc
 
 from device_plugin.kubelet import socket_identity
-from dra_driver.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from dra_driver.api import pluginregistration_v1_pb2 as reg
-from dra_driver.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from dra_driver.driver import ClaimRef, Prepared
 from dra_driver.names import (
     DEFAULT_PLUGIN_DIR,
@@ -38,6 +35,9 @@ from dra_driver.names import (
     SERVICE_SOCKET,
     SUPPORTED_VERSIONS,
 )
+from kube_contract.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from kube_contract.api import pluginregistration_v1_pb2 as reg
+from kube_contract.api import pluginregistration_v1_pb2_grpc as reg_grpc
 
 log = logging.getLogger(__name__)
 

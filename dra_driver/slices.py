@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from device_plugin.inventory import Inventory
 from dra_driver.claims import whole_memory
 from dra_driver.names import CORES, DRIVER, MEMORY
-from scheduler_extender.names import CORES_PER_GPU, MEMORY_UNIT_BYTES
+from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES
 
 log = logging.getLogger(__name__)
 

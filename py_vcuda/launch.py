@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from device_plugin.layout import ContainerRecord, NodeLayout, ledger_in
+from node_state.layout import SCHEDULER_DIR_KEY, ContainerRecord, NodeLayout, ledger_in
 from py_vcuda import native
 from token_scheduler.admin_client import AdminClient
 
@@ -91,10 +91,6 @@ def tenant_env(tenant: Tenant, base: Mapping[str, str], ledger: Path) -> dict[st
         env["VCUDA_CORE_REQUEST"] = str(tenant.core_request)
         env["VCUDA_CORE_LIMIT"] = str(tenant.core_limit or tenant.core_request)
     return env
-
-
-# ContainerRecord.extra key: the run's scheduler directory, which is not under the layout's sched/
-SCHEDULER_DIR_KEY = "scheduler_dir"
 
 
 def local_layout() -> NodeLayout:

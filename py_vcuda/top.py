@@ -1,7 +1,7 @@
 """`vcuda top`: every GPU on this machine and its tenants (quota, share, memory, token wait),
 refreshing in place.
 
-It reads what the exporter reads (device_plugin.metrics_snapshot): on a node the
+It reads what the exporter reads (node_state.metrics_snapshot): on a node the
 agent's state directory, with names a record lacks from the kubelet's
 pod-resources API; on bare metal the `vcuda run` records under the per-user
 runtime directory. A GPU's mode is its containers'; for a GPU without any,
@@ -22,9 +22,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from device_plugin.layout import DEFAULT_STATE_DIR, NodeLayout
-from device_plugin.metrics_snapshot import ContainerGPU, GPUState, NodeReader, NodeSnapshot, gpu_modes
-from device_plugin.podresources import DEFAULT_SOCKET, PodResourcesClient
+from kube_contract.podresources import DEFAULT_SOCKET, PodResourcesClient
+from node_state.layout import DEFAULT_STATE_DIR, NodeLayout
+from node_state.metrics_snapshot import ContainerGPU, GPUState, NodeReader, NodeSnapshot, gpu_modes
 from py_vcuda.launch import runtime_dir
 from py_vcuda.nvml import NVML, NVMLUnavailable
 

@@ -1,10 +1,8 @@
 """vcuda kube-scheduler extender: places fractional GPU requests on a concrete GPU.
 
-Modules, one job each:
+The names and annotation schemas it shares with the device plugin live in
+``kube_contract``. Modules, one job each:
 
-- ``names``      resource and annotation names (domain and prefix configurable)
-- ``assignment`` the decision annotation the device plugin cross-checks (no kubernetes import)
-- ``topology``   the node annotation the device plugin publishes (GPUs and NVLink)
 - ``podspec``    pod JSON -> what the pod asks for
 - ``placement``  the pure placement core (which GPU, score, human reasons)
 - ``state``      cluster usage: pods, in-flight reservations, the decide+reserve lock

@@ -9,7 +9,8 @@ import signal
 import sys
 import threading
 
-from .names import DEFAULT_ANNOTATION_PREFIX, DEFAULT_RESOURCE_DOMAIN, Names
+from kube_contract.names import DEFAULT_ANNOTATION_PREFIX, DEFAULT_RESOURCE_DOMAIN, Names
+
 from .placement import Policy
 
 log = logging.getLogger("scheduler_extender")
@@ -50,8 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kube_contract.apiclient import make_api_client
+
     from .extender import Extender
-    from .kube import KubeBinder, Syncer, make_api_client
+    from .kube import KubeBinder, Syncer
     from .server import ExtenderServer, parse_listen, tune_gc
     from .state import ClusterState
 

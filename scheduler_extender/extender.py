@@ -14,8 +14,9 @@ import threading
 from collections import OrderedDict
 from typing import Any, Protocol
 
-from .assignment import encode
-from .names import Names
+from kube_contract.assignment import encode
+from kube_contract.names import Names
+
 from .placement import Placement, PodRequest, Policy, Unfit, to_priority
 from .podspec import PodSpecError, parse_pod, pod_ref, pod_uid
 from .state import ClusterState

@@ -1,7 +1,7 @@
 """The API server side: list+watch nodes and pods into ``ClusterState``; patch and bind.
 
-Uses the official ``kubernetes`` client, reading raw JSON (``_preload_content=False``)
-so pods reach ``state`` in the same camelCase shape kube-scheduler sends.
+Uses the official ``kubernetes`` client, reading raw JSON (``_preload_content=False``,
+kube_contract.apiclient) so pods reach ``state`` in the same camelCase shape kube-scheduler sends.
 """
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from kube_contract.apiclient import api_message, read_json, watch_lines
 
 from .extender import BindError
 from .state import ClusterState
@@ -22,47 +24,6 @@ from .state import ClusterState
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = 500
-
-
-def api_message(e: ApiException) -> str:
-    """The API server's own message ("pods \"x\" not found"), not the whole HTTP dump."""
-    try:
-        return f"{e.status} {json.loads(e.body)['message']}"
-    except (TypeError, ValueError, KeyError):
-        return f"{e.status} {e.reason}"
-
-
-def _read(resp: Any) -> Any:
-    raw = getattr(resp, "response", resp)  # RESTResponse wraps urllib3's response
-    return json.loads(raw.data)
-
-
-def _lines(resp: Any) -> Iterator[bytes]:
-    raw = getattr(resp, "response", resp)
-    if not getattr(raw, "chunked", False):  # the API server streams chunked; be safe anyway
-        yield from (line for line in iter(raw.readline, b"") if line.strip())
-        return
-    buf = b""
-    for chunk in raw.stream(None, decode_content=True):  # one chunk per event, as it comes
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        yield from (line for line in lines if line.strip())
-    if buf.strip():
-        yield buf
-
-
-def make_api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
-    """In-cluster service account, else the kubeconfig (explicit or default)."""
-    from kubernetes import config
-
-    if kubeconfig is None:
-        try:
-            cfg = client.Configuration()
-            config.load_incluster_config(client_configuration=cfg)
-            return client.ApiClient(cfg)
-        except config.ConfigException:
-            pass
-    return config.new_client_from_config(config_file=kubeconfig, context=context)
 
 
 class KubeBinder:
@@ -78,7 +39,7 @@ class KubeBinder:
                                                 _request_timeout=self.timeout)
         except ApiException as e:
             raise BindError(f"reading the pod: {api_message(e)}") from None
-        return _read(resp)
+        return read_json(resp)
 
     def bind(self, namespace: str, name: str, uid: str, node: str,
              annotations: dict[str, str]) -> None:
@@ -166,7 +127,7 @@ class Syncer:
                                       "_request_timeout": 60}
             if token:
                 kwargs["_continue"] = token
-            doc = _read(self._list_fn(kind)(**kwargs))
+            doc = read_json(self._list_fn(kind)(**kwargs))
             items.extend(doc.get("items") or [])
             meta = doc.get("metadata") or {}
             token = meta.get("continue")
@@ -187,7 +148,7 @@ class Syncer:
                 timeout_seconds=self.watch_timeout, _preload_content=False,
                 _request_timeout=self.watch_timeout + 30)
             try:
-                for line in _lines(resp):
+                for line in watch_lines(resp):
                     event = json.loads(line)
                     kind_of, obj = event.get("type"), event.get("object") or {}
                     if kind_of == "ERROR":

@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from .assignment import Assignment, ContainerAssignment, GPUShare
-from .names import CORES_PER_GPU
-from .topology import NodeTopology
+from kube_contract.assignment import Assignment, ContainerAssignment, GPUShare
+from kube_contract.names import CORES_PER_GPU
+from kube_contract.topology import NodeTopology
 
 MAX_COMBINATIONS = 5000  # above this, multi-card choice is greedy instead of exhaustive
 

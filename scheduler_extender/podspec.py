@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
+from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
+
 from .placement import ContainerRequest, PodRequest, Policy, Tags
 
 _TERMINAL_PHASES = ("Succeeded", "Failed")

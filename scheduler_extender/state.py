@@ -17,12 +17,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .assignment import AssignmentError, decode
-from .names import Names
+from kube_contract.assignment import AssignmentError, decode
+from kube_contract.names import Names
+from kube_contract.topology import NodeTopology, TopologyError
+from kube_contract.topology import decode as decode_topology
+
 from .placement import NodeGPUs, Placement, PodRequest, Tags, Unfit, place, placer
 from .podspec import is_terminal, pod_ref, pod_tags, pod_uid
-from .topology import NodeTopology, TopologyError
-from .topology import decode as decode_topology
 
 log = logging.getLogger(__name__)
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from device_plugin.api import deviceplugin_v1beta1_pb2 as dp
-from device_plugin.api import podresources_v1_pb2 as pr
+from kube_contract.api import deviceplugin_v1beta1_pb2 as dp
+from kube_contract.api import podresources_v1_pb2 as pr
 
 
 def test_stubs_are_regenerated_from_the_protos() -> None:
     pytest.importorskip("grpc_tools")
-    from device_plugin.api import generate
+    from kube_contract.api import generate
 
     assert generate.main(["--check"]) == 0
 

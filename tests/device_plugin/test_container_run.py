@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from shimtest import container_env_on_host, parse
 
-from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
 from device_plugin.pods import StaticPods
+from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from py_vcuda.sim import GiB, MiB, SimConfig
 
 CORE = "tencent.com/vcuda-core"

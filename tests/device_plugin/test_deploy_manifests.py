@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+from kube_contract.names import Names
 from py_vcuda import native
-from scheduler_extender.names import Names
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "device-plugin"

@@ -10,11 +10,11 @@ import pytest
 
 from device_plugin.inventory import Inventory
 from device_plugin.node_topology import KubeNode, encode
+from kube_contract import topology
+from kube_contract.names import Names
+from kube_contract.testing import FakeApiServer
 from py_vcuda.sim import GiB, SimConfig
-from scheduler_extender import topology
-from scheduler_extender.names import Names
 from scheduler_extender.state import ClusterState
-from scheduler_extender.testing import FakeApiServer
 
 KEY = "vcuda.io/gpu-topology"
 

@@ -155,7 +155,7 @@ def test_stale_pid_file_naming_another_process_is_not_adopted(agent_factory, kub
     and leave the stranger alone."""
     import subprocess
 
-    from device_plugin.layout import NodeLayout
+    from node_state.layout import NodeLayout
 
     stranger = subprocess.Popen(["sleep", "300"])
     try:

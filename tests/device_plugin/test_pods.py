@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from device_plugin.pods import KubePods, NoPods, PodWatch, identify
-from scheduler_extender.names import Names
+from kube_contract.names import Names
 
 
 class FakeResponse:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from device_plugin.supervisor import Supervisor
+from node_state.supervisor import Supervisor
 from py_vcuda.sim import GiB, SimConfig
 
 
@@ -94,6 +94,6 @@ def test_schedulers_end_when_the_agent_is_killed(kubelet, short_dir, dp):
 
 def test_lifeline_child_that_outlived_its_parent_at_start_exits():
     """The parent died between fork and the child's prctl: the child sees another parent and quits."""
-    proc = subprocess.run([sys.executable, "-m", "device_plugin.lifeline", "1", "this_module_is_never_run"],
+    proc = subprocess.run([sys.executable, "-m", "node_state.lifeline", "1", "this_module_is_never_run"],
                           capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 1 and "Traceback" not in proc.stderr

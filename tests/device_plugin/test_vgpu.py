@@ -10,10 +10,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from device_plugin.layout import ContainerRecord
 from device_plugin.pods import StaticPods
+from kube_contract.names import MEMORY_UNIT_BYTES
+from node_state.layout import ContainerRecord
 from py_vcuda.ledger import Ledger
-from scheduler_extender.names import MEMORY_UNIT_BYTES
 
 CORE = "tencent.com/vcuda-core"
 MEMORY = "tencent.com/vcuda-memory"

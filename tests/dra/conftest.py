@@ -17,9 +17,9 @@ from dra_driver import config
 from dra_driver.agent import DriverAgent
 from dra_driver.kube import KubeAPI
 from dra_driver.testing import NODE, TestKubelet
+from kube_contract.apiclient import make_api_client
+from kube_contract.testing import FakeApiServer
 from py_vcuda import native
-from scheduler_extender.kube import make_api_client
-from scheduler_extender.testing import FakeApiServer
 
 
 @pytest.fixture

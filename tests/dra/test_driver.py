@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from device_plugin.layout import ContainerRecord
 from device_plugin.testing import gpu, inventory, wait_for
 from dra_driver import testing as t
 from dra_driver.names import DRIVER, REGISTRATION_SOCKET, SUPPORTED_VERSIONS
+from node_state.layout import ContainerRecord
 from py_vcuda.sim import GiB, MiB
 
 NODE = t.NODE
@@ -344,7 +344,7 @@ def test_a_missing_container_directory_is_made_again(agent_factory, kubelet, api
 
 def test_dra_containers_appear_in_the_node_snapshot(agent_factory, kubelet, api, short_dir):
     """The exporter and `vcuda top` read the same node state: the claim's container is there, named."""
-    from device_plugin.metrics_snapshot import NodeReader
+    from node_state.metrics_snapshot import NodeReader
     from py_vcuda.sim import SimConfig, nvml_session
 
     agent = agent_factory()

@@ -10,9 +10,9 @@ from device_plugin.testing import gpu, wait_for
 from dra_driver import slices
 from dra_driver.kube import KubeAPI
 from dra_driver.names import DRIVER
+from kube_contract.apiclient import make_api_client
+from kube_contract.testing import FakeApiServer
 from py_vcuda.sim import GiB, MiB
-from scheduler_extender.kube import make_api_client
-from scheduler_extender.testing import FakeApiServer
 
 NODE = "node-1"
 NAME = f"{NODE}-{DRIVER}"

@@ -1,5 +1,5 @@
 """Fixtures: a running extender HTTP server and a fake API server on 127.0.0.1
-(scheduler_extender.testing.FakeApiServer)."""
+(kube_contract.testing.FakeApiServer)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_extender.testing import FakeApiServer
+from kube_contract.testing import FakeApiServer
 
 Post = Callable[[str, Any], tuple[int, Any]]
 

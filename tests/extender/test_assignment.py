@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from scheduler_extender.assignment import (
+from kube_contract.assignment import (
     Assignment,
     AssignmentError,
     ContainerAssignment,
@@ -90,5 +90,5 @@ def test_importable_without_kubernetes() -> None:
     import subprocess
     import sys
     code = ("import sys; sys.modules['kubernetes'] = None; "
-            "import scheduler_extender.assignment, scheduler_extender.topology")
+            "import kube_contract.assignment, kube_contract.topology")
     subprocess.run([sys.executable, "-c", code], check=True)

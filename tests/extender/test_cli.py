@@ -13,8 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from kube_contract.testing import node_json, topology
 from scheduler_extender import cli
-from scheduler_extender.testing import node_json, topology
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from scheduler_extender.assignment import decode
+from kube_contract.assignment import decode
+from kube_contract.names import Names
+from kube_contract.testing import T4, node_json, pod_json, topology
 from scheduler_extender.extender import BindError, Extender
-from scheduler_extender.names import Names
 from scheduler_extender.placement import Policy
 from scheduler_extender.server import ExtenderServer, parse_listen
 from scheduler_extender.state import ClusterState
-from scheduler_extender.testing import T4, node_json, pod_json, topology
 
 N = Names()
 

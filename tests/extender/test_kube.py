@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from scheduler_extender.assignment import decode
+from kube_contract.assignment import decode
+from kube_contract.names import Names
+from kube_contract.testing import node_json, pod_json, topology
 from scheduler_extender.extender import BindError, Extender
 from scheduler_extender.kube import KubeBinder, Syncer
-from scheduler_extender.names import Names
 from scheduler_extender.server import ExtenderServer
 from scheduler_extender.state import ClusterState
-from scheduler_extender.testing import node_json, pod_json, topology
 
 N = Names()
 

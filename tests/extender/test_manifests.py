@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from scheduler_extender.names import Names
+from kube_contract.names import Names
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "extender"
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from scheduler_extender.names import MEMORY_UNIT_BYTES as U
+from kube_contract.names import MEMORY_UNIT_BYTES as U
+from kube_contract.testing import A100, T4, V100, topology
 from scheduler_extender.placement import (
     ContainerRequest,
     NodeGPUs,
@@ -20,7 +21,6 @@ from scheduler_extender.placement import (
     place,
     to_priority,
 )
-from scheduler_extender.testing import A100, T4, V100, topology
 
 GiB = 1 << 30
 NO_TAGS = Tags()

@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_extender.names import CORES_PER_GPU, Names
+from kube_contract.names import CORES_PER_GPU, Names
+from kube_contract.testing import A100, T4, V100, topology
 from scheduler_extender.placement import ContainerRequest, Placement, PodRequest, Policy, Tags, best
 from scheduler_extender.state import ClusterState
-from scheduler_extender.testing import A100, T4, V100, topology
 
 GiB = 1 << 30
 SETTINGS = settings(max_examples=100, deadline=None,

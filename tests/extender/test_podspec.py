@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_extender.names import MEMORY_UNIT_BYTES, Names
+from kube_contract.names import MEMORY_UNIT_BYTES, Names
+from kube_contract.testing import pod_json
 from scheduler_extender.placement import ContainerRequest, Policy, Tags
 from scheduler_extender.podspec import PodSpecError, parse_pod
-from scheduler_extender.testing import pod_json
 
 N = Names()
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from scheduler_extender.assignment import Assignment, ContainerAssignment, GPUShare
-from scheduler_extender.names import Names
+from kube_contract.assignment import Assignment, ContainerAssignment, GPUShare
+from kube_contract.names import Names
+from kube_contract.testing import node_json, pod_json, topology
 from scheduler_extender.placement import ContainerRequest, Placement, PodRequest, Unfit
 from scheduler_extender.state import ClusterState
-from scheduler_extender.testing import node_json, pod_json, topology
 
 N = Names()
 GiB = 1 << 30

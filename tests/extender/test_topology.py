@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from scheduler_extender.testing import T4, topology
-from scheduler_extender.topology import GPUInfo, NodeTopology, TopologyError, decode, encode
+from kube_contract.testing import T4, topology
+from kube_contract.topology import GPUInfo, NodeTopology, TopologyError, decode, encode
 
 
 def test_round_trip_with_nvlink_and_numa() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from device_plugin.metrics_snapshot import ContainerGPU, GPUState, NodeSnapshot, TenantStats, WaitHistogram
+from node_state.metrics_snapshot import ContainerGPU, GPUState, NodeSnapshot, TenantStats, WaitHistogram
 from py_vcuda.nvml import GPUUsage
 
 GiB = 1 << 30

@@ -19,7 +19,7 @@ from prometheus_client.samples import Sample
 
 from device_plugin import metrics_text
 from device_plugin.metrics import snapshot_metrics, start_exporter
-from device_plugin.metrics_snapshot import NodeReader, NodeSnapshot
+from node_state.metrics_snapshot import NodeReader, NodeSnapshot
 from py_vcuda.ledger import Ledger
 from token_scheduler.admin_client import AdminClient
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.podresources import PodRef, PodResourcesClient, PodResourcesError
 from device_plugin.testing import TestPodResources
+from kube_contract.podresources import PodRef, PodResourcesClient, PodResourcesError
 
 CORE = "tencent.com/vcuda-core"
 

@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.registry import Collector
 
 from device_plugin.metrics import snapshot_metrics, start_exporter
-from device_plugin.metrics_snapshot import ContainerGPU, GPUState, NodeSnapshot, TenantStats, WaitHistogram
+from node_state.metrics_snapshot import ContainerGPU, GPUState, NodeSnapshot, TenantStats, WaitHistogram
 
 GRAFANA = {"node": NODE, "gpu": ".*", "mode": "vgpu|pgpu|mps", "namespace": ".*", "pod": ".*",
            "__rate_interval": "15s", "__range": "5m", "__range_s": "300"}

@@ -17,9 +17,9 @@ from monitoring.conftest import CORE, GiB, MiB, wait_for
 from monitoring.snapshots import SNAPSHOT
 from rich.console import Console
 
-from device_plugin.layout import ContainerRecord, NodeLayout, ledger_in
-from device_plugin.metrics_snapshot import NodeSnapshot
 from device_plugin.testing import TestPodResources
+from node_state.layout import ContainerRecord, NodeLayout, ledger_in
+from node_state.metrics_snapshot import NodeSnapshot
 from py_vcuda import cli, native, top
 from py_vcuda.ledger import Ledger
 from py_vcuda.sim import SimConfig

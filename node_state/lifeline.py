@@ -11,7 +11,7 @@ threads, where taking any lock another thread held at fork time hangs the
 child. Then it checks that the parent is still the one that started it (it may
 have died before the request took effect) and runs the module as ``-m`` would.
 
-    python -m device_plugin.lifeline PARENT_PID MODULE [ARGS...]
+    python -m node_state.lifeline PARENT_PID MODULE [ARGS...]
 
 Note that Linux sends the signal when the *thread* that forked the child ends:
 start children from threads that live as long as the agent (the main thread,
@@ -44,7 +44,7 @@ def command(module: str, *args: str) -> list[str]:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or not argv[0].isdigit():
-        print("usage: python -m device_plugin.lifeline PARENT_PID MODULE [ARGS...]", file=sys.stderr)
+        print("usage: python -m node_state.lifeline PARENT_PID MODULE [ARGS...]", file=sys.stderr)
         return 2
     parent, module = int(argv[0]), argv[1]
     if not set_parent_death_signal(signal.SIGTERM):   # SIGTERM: the child still cleans up after itself

@@ -1,6 +1,7 @@
-"""Each allocated container's host directory (device_plugin.layout) and what
+"""Each allocated container's host directory (node_state.layout) and what
 goes in the container from it: the ledger and ``ld.so.preload`` (the record
-stays outside).
+stays outside). The device plugin mounts these paths (and the DRA driver will);
+the container sees the same files whichever set it up.
 
 Inside the container (**contract** with libvcuda's env):
 
@@ -21,8 +22,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from device_plugin.api import deviceplugin_v1beta1_pb2 as pb
-from device_plugin.layout import LEDGER_FILE, RECORD_FILE, ContainerRecord, LayoutError, NodeLayout
+from node_state.layout import LEDGER_FILE, RECORD_FILE, ContainerRecord, LayoutError, NodeLayout
 from py_vcuda.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -38,10 +38,6 @@ PRELOAD_FILE = "ld.so.preload"
 def new_key() -> str:
     """Container key, also its tenant name: short (socket paths are capped), unique, never reused."""
     return "c" + secrets.token_hex(6)
-
-
-def mount(host: Path, container: Path, read_only: bool) -> pb.Mount:
-    return pb.Mount(host_path=str(host), container_path=str(container), read_only=read_only)
 
 
 class ContainerStore:

@@ -1,7 +1,7 @@
 """One consistent reading of a node's GPUs and their tenants, for the exporter and `vcuda top`.
 
 Sources (DESIGN.md, "Observability"): NVML for each GPU; the node state
-directory (device_plugin.layout) for each container's record and ledger; each
+directory (node_state.layout) for each container's record and ledger; each
 GPU's token scheduler (admin `stats`) for shares, grants and token waits; the
 kubelet pod-resources API for namespace/pod/container when a record lacks them.
 
@@ -30,9 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from device_plugin.layout import RECORD_FILE, ContainerRecord, LayoutError, NodeLayout, ledger_in
-from device_plugin.podresources import PodResourcesClient
-from py_vcuda.launch import SCHEDULER_DIR_KEY
+from kube_contract.podresources import PodResourcesClient
+from node_state.layout import RECORD_FILE, SCHEDULER_DIR_KEY, ContainerRecord, LayoutError, NodeLayout, ledger_in
 from py_vcuda.ledger import DeviceUsage, Ledger, LedgerError
 from py_vcuda.nvml import NVML, GPUInfo, GPUUsage
 from token_scheduler.admin_client import AdminClient

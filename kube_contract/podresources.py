@@ -23,8 +23,8 @@ from pathlib import Path
 
 import grpc
 
-from device_plugin.api import podresources_v1_pb2 as pr
-from device_plugin.api import podresources_v1_pb2_grpc as pr_grpc
+from kube_contract.api import podresources_v1_pb2 as pr
+from kube_contract.api import podresources_v1_pb2_grpc as pr_grpc
 
 log = logging.getLogger("vcuda.podresources")
 

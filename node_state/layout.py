@@ -1,8 +1,9 @@
 """The node agent's state directory: where each GPU's token scheduler and each
 container's files live, and the record that describes a container.
 
-The device plugin writes it (Allocate); the metrics exporter and `vcuda top`
-read it. One module, so writer and readers cannot drift apart.
+The device plugin writes it (Allocate), as `vcuda run` does under its runtime
+directory (and the DRA driver will); the metrics exporter and `vcuda top` read
+it. One module, so writers and readers cannot drift apart.
 
     <state-dir>/                        --state-dir, default /var/lib/vcuda
       sched/<gpu-key>/                  one token scheduler per GPU (its --dir)
@@ -35,6 +36,8 @@ LEDGER_FILE = "ledger"
 SHARED_DIR = "shared"
 RECORD_FORMAT = 1
 MODES = ("vgpu", "pgpu", "mps")
+# ContainerRecord.extra key: the run's scheduler directory, which is not under the layout's sched/
+SCHEDULER_DIR_KEY = "scheduler_dir"
 
 
 class LayoutError(ValueError):

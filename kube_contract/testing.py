@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlparse
 
-from .assignment import Assignment
-from .assignment import encode as encode_assignment
-from .names import CORES_PER_GPU, Names
-from .topology import GPUInfo, NodeTopology
-from .topology import encode as encode_topology
+from kube_contract.assignment import Assignment
+from kube_contract.assignment import encode as encode_assignment
+from kube_contract.names import CORES_PER_GPU, Names
+from kube_contract.topology import GPUInfo, NodeTopology
+from kube_contract.topology import encode as encode_topology
 
 GiB = 1 << 30
 A100 = ("NVIDIA A100-SXM4-80GB", 80 * GiB)

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from device_plugin.api import podresources_v1_pb2 as device__plugin_dot_api_dot_podresources__v1__pb2
+from kube_contract.api import podresources_v1_pb2 as kube__contract_dot_api_dot_podresources__v1__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in device_plugin/api/podresources_v1_pb2_grpc.py depends on'
+        + ' but the generated code in kube_contract/api/podresources_v1_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,18 +36,18 @@ class PodResourcesListerStub:
         """
         self.List = channel.unary_unary(
                 '/v1.PodResourcesLister/List',
-                request_serializer=device__plugin_dot_api_dot_podresources__v1__pb2.ListPodResourcesRequest.SerializeToString,
-                response_deserializer=device__plugin_dot_api_dot_podresources__v1__pb2.ListPodResourcesResponse.FromString,
+                request_serializer=kube__contract_dot_api_dot_podresources__v1__pb2.ListPodResourcesRequest.SerializeToString,
+                response_deserializer=kube__contract_dot_api_dot_podresources__v1__pb2.ListPodResourcesResponse.FromString,
                 _registered_method=True)
         self.GetAllocatableResources = channel.unary_unary(
                 '/v1.PodResourcesLister/GetAllocatableResources',
-                request_serializer=device__plugin_dot_api_dot_podresources__v1__pb2.AllocatableResourcesRequest.SerializeToString,
-                response_deserializer=device__plugin_dot_api_dot_podresources__v1__pb2.AllocatableResourcesResponse.FromString,
+                request_serializer=kube__contract_dot_api_dot_podresources__v1__pb2.AllocatableResourcesRequest.SerializeToString,
+                response_deserializer=kube__contract_dot_api_dot_podresources__v1__pb2.AllocatableResourcesResponse.FromString,
                 _registered_method=True)
         self.Get = channel.unary_unary(
                 '/v1.PodResourcesLister/Get',
-                request_serializer=device__plugin_dot_api_dot_podresources__v1__pb2.GetPodResourcesRequest.SerializeToString,
-                response_deserializer=device__plugin_dot_api_dot_podresources__v1__pb2.GetPodResourcesResponse.FromString,
+                request_serializer=kube__contract_dot_api_dot_podresources__v1__pb2.GetPodResourcesRequest.SerializeToString,
+                response_deserializer=kube__contract_dot_api_dot_podresources__v1__pb2.GetPodResourcesResponse.FromString,
                 _registered_method=True)
 
 
@@ -77,18 +77,18 @@ def add_PodResourcesListerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'List': grpc.unary_unary_rpc_method_handler(
                     servicer.List,
-                    request_deserializer=device__plugin_dot_api_dot_podresources__v1__pb2.ListPodResourcesRequest.FromString,
-                    response_serializer=device__plugin_dot_api_dot_podresources__v1__pb2.ListPodResourcesResponse.SerializeToString,
+                    request_deserializer=kube__contract_dot_api_dot_podresources__v1__pb2.ListPodResourcesRequest.FromString,
+                    response_serializer=kube__contract_dot_api_dot_podresources__v1__pb2.ListPodResourcesResponse.SerializeToString,
             ),
             'GetAllocatableResources': grpc.unary_unary_rpc_method_handler(
                     servicer.GetAllocatableResources,
-                    request_deserializer=device__plugin_dot_api_dot_podresources__v1__pb2.AllocatableResourcesRequest.FromString,
-                    response_serializer=device__plugin_dot_api_dot_podresources__v1__pb2.AllocatableResourcesResponse.SerializeToString,
+                    request_deserializer=kube__contract_dot_api_dot_podresources__v1__pb2.AllocatableResourcesRequest.FromString,
+                    response_serializer=kube__contract_dot_api_dot_podresources__v1__pb2.AllocatableResourcesResponse.SerializeToString,
             ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
-                    request_deserializer=device__plugin_dot_api_dot_podresources__v1__pb2.GetPodResourcesRequest.FromString,
-                    response_serializer=device__plugin_dot_api_dot_podresources__v1__pb2.GetPodResourcesResponse.SerializeToString,
+                    request_deserializer=kube__contract_dot_api_dot_podresources__v1__pb2.GetPodResourcesRequest.FromString,
+                    response_serializer=kube__contract_dot_api_dot_podresources__v1__pb2.GetPodResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -116,8 +116,8 @@ class PodResourcesLister:
             request,
             target,
             '/v1.PodResourcesLister/List',
-            device__plugin_dot_api_dot_podresources__v1__pb2.ListPodResourcesRequest.SerializeToString,
-            device__plugin_dot_api_dot_podresources__v1__pb2.ListPodResourcesResponse.FromString,
+            kube__contract_dot_api_dot_podresources__v1__pb2.ListPodResourcesRequest.SerializeToString,
+            kube__contract_dot_api_dot_podresources__v1__pb2.ListPodResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -143,8 +143,8 @@ class PodResourcesLister:
             request,
             target,
             '/v1.PodResourcesLister/GetAllocatableResources',
-            device__plugin_dot_api_dot_podresources__v1__pb2.AllocatableResourcesRequest.SerializeToString,
-            device__plugin_dot_api_dot_podresources__v1__pb2.AllocatableResourcesResponse.FromString,
+            kube__contract_dot_api_dot_podresources__v1__pb2.AllocatableResourcesRequest.SerializeToString,
+            kube__contract_dot_api_dot_podresources__v1__pb2.AllocatableResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -170,8 +170,8 @@ class PodResourcesLister:
             request,
             target,
             '/v1.PodResourcesLister/Get',
-            device__plugin_dot_api_dot_podresources__v1__pb2.GetPodResourcesRequest.SerializeToString,
-            device__plugin_dot_api_dot_podresources__v1__pb2.GetPodResourcesResponse.FromString,
+            kube__contract_dot_api_dot_podresources__v1__pb2.GetPodResourcesRequest.SerializeToString,
+            kube__contract_dot_api_dot_podresources__v1__pb2.GetPodResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,

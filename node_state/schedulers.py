@@ -5,7 +5,7 @@ after a restart; `after_start` also re-adds every tenant the plugin's records
 hold, so a lost or stale file cannot leave a running container without its
 socket.
 
-Each scheduler process is started through device_plugin.lifeline, so it ends
+Each scheduler process is started through node_state.lifeline, so it ends
 with the agent even when the agent is killed without a chance to stop it.
 """
 
@@ -18,10 +18,10 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-import device_plugin
+import node_state
 import token_scheduler
-from device_plugin import lifeline
-from device_plugin.layout import ContainerRecord, NodeLayout, gpu_key
+from node_state import lifeline
+from node_state.layout import ContainerRecord, NodeLayout, gpu_key
 from token_scheduler.admin_client import AdminClient
 
 log = logging.getLogger(__name__)
@@ -34,9 +34,9 @@ class SchedulerError(RuntimeError):
 
 
 def child_env() -> dict[str, str]:
-    """Our environment, with the directories that hold token_scheduler and device_plugin on PYTHONPATH."""
+    """Our environment, with the directories that hold token_scheduler and node_state on PYTHONPATH."""
     env = dict(os.environ)
-    roots = dict.fromkeys(str(Path(m.__file__).resolve().parents[1]) for m in (token_scheduler, device_plugin))
+    roots = dict.fromkeys(str(Path(m.__file__).resolve().parents[1]) for m in (token_scheduler, node_state))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*roots, env.get("PYTHONPATH")]))
     return env
 

@@ -16,7 +16,8 @@ MEMORY_UNIT_BYTES = 256 * 1024 * 1024  # one tencent.com/vcuda-memory unit
 
 @dataclass(frozen=True)
 class Names:
-    """Every Kubernetes name the extender reads or writes, derived from two settings."""
+    """Every Kubernetes name the extender, the device plugin and the DRA driver read or write, derived
+    from two settings."""
 
     resource_domain: str = DEFAULT_RESOURCE_DOMAIN
     annotation_prefix: str = DEFAULT_ANNOTATION_PREFIX

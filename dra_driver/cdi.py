@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_plugin.tenancy import Injection
 from dra_driver.names import CDI_CLASS, CDI_KIND, CDI_VENDOR, DEFAULT_CDI_DIR
+from node_state.tenancy import Injection
 from py_vcuda.files import write_atomic
 
 CDI_VERSION = "0.5.0"

@@ -8,7 +8,7 @@ Prepare, for each claim the kubelet names:
    plan its shares (dra_driver.claims): a failure fails that claim only, with
    a message that says what to fix, and the kubelet retries it later;
 3. for each share, set the container up exactly as vgpu Allocate does
-   (device_plugin.tenancy: directory, ledger, token-scheduler tenant);
+   (node_state.tenancy: directory, ledger, token-scheduler tenant);
 4. write the checkpoint, then the CDI spec; answer the devices with their CDI IDs.
 
 Unprepare marks the checkpoint ``unpreparing``, removes the CDI spec, the
@@ -35,13 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from device_plugin import tenancy
 from device_plugin.inventory import Health, Inventory
 from dra_driver import cdi
 from dra_driver.checkpoint import PREPARED, UNPREPARING, Checkpoint, PreparedClaim, PreparedDevice, PreparedShare
 from dra_driver.claims import Claim, ClaimError, Result, Share, parse_claim, plan
 from dra_driver.names import DRIVER
 from dra_driver.slices import device_name
+from node_state import tenancy
 from node_state.containers import ContainerStore, new_key
 from node_state.layout import ContainerRecord
 from node_state.schedulers import SchedulerError, TokenScheduler, remove_tenant

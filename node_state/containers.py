@@ -1,7 +1,7 @@
 """Each allocated container's host directory (node_state.layout) and what
 goes in the container from it: the ledger and ``ld.so.preload`` (the record
-stays outside). The device plugin mounts these paths (and the DRA driver will);
-the container sees the same files whichever set it up.
+stays outside). The device plugin and the DRA driver mount these paths
+(node_state.tenancy); the container sees the same files whichever set it up.
 
 Inside the container (**contract** with libvcuda's env):
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.tenancy import Injection, Mount
 from dra_driver import cdi
 from dra_driver.checkpoint import PREPARED, UNPREPARING, Checkpoint, PreparedClaim, PreparedDevice, PreparedShare
 from node_state.layout import ContainerRecord
+from node_state.tenancy import Injection, Mount
 
 UID = "0a4f1c2a-9e00-4c3b-9d21-8e7f6a5b4c3d"   # claim UIDs may start with a digit
 # From the CDI spec: a device name is letters and digits with '-', '_', '.' between; a kind is

@@ -16,7 +16,6 @@ from typing import Any
 
 from device_plugin import mps, pgpu, vgpu
 from device_plugin.config import PluginConfig
-from device_plugin.inventory import Health, Inventory
 from device_plugin.kubelet import Endpoint, Registrar, ResourcePlugin
 from device_plugin.labels import write_feature_file
 from device_plugin.metrics import start_exporter
@@ -26,6 +25,7 @@ from device_plugin.reconcile import Reconciler
 from kube_contract.names import Names
 from kube_contract.podresources import PodResourcesClient
 from node_state.containers import ContainerStore
+from node_state.gpus import Health, Inventory
 from node_state.layout import NodeLayout
 from node_state.schedulers import TokenScheduler
 from node_state.supervisor import Child, Supervisor

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
     def build(nvml: NVML, health: HealthFactory | None) -> Daemon:
         from device_plugin.agent import Agent
-        from device_plugin.inventory import Inventory
+        from node_state.gpus import Inventory
 
         api = cluster(cfg.kubeconfig, cfg.node_name)
         return Agent(cfg, inventory=Inventory.from_nvml(nvml), pods=api.pods, nvml=nvml, health_factory=health,

@@ -26,11 +26,11 @@ from typing import Any
 
 import grpc
 
-from device_plugin.inventory import Inventory
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from kube_contract.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from kube_contract.api import podresources_v1_pb2 as prpb
 from kube_contract.api import podresources_v1_pb2_grpc as prpb_grpc
+from node_state.gpus import Inventory
 from py_vcuda.nvml import GPUInfo
 from py_vcuda.sim import GiB
 

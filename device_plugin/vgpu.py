@@ -24,13 +24,14 @@ from pathlib import Path
 import grpc
 
 from device_plugin import pods as podlib
-from device_plugin.inventory import Health, Inventory, best_set, logical_devices, parse_ids
+from device_plugin.inventory import best_set, logical_devices, parse_ids
 from device_plugin.kubelet import AllocationError, mount
 from device_plugin.quota import QuotaError, quota
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
 from node_state import tenancy
 from node_state.containers import ContainerStore, new_key
+from node_state.gpus import Health, Inventory
 from node_state.layout import ContainerRecord
 from node_state.schedulers import SchedulerError, TokenScheduler, remove_tenant
 from py_vcuda.nvml import GPUInfo

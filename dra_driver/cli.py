@@ -36,11 +36,11 @@ def run(args: argparse.Namespace) -> int:
     def build(nvml: NVML, health: HealthFactory | None) -> DriverAgent:
         # grpc and the kubernetes client load here, not for `vcuda --help`.
         from device_plugin.agent import StartError
-        from device_plugin.inventory import Inventory
         from dra_driver.agent import DriverAgent
         from dra_driver.kube import KubeAPI
         from dra_driver.slices import DriverVersions
         from kube_contract.apiclient import make_api_client
+        from node_state.gpus import Inventory
 
         try:
             api = KubeAPI(make_api_client(cfg.kubeconfig))

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from device_plugin.inventory import Health, Inventory
 from dra_driver import cdi
 from dra_driver.checkpoint import PREPARED, UNPREPARING, Checkpoint, PreparedClaim, PreparedDevice, PreparedShare
 from dra_driver.claims import Claim, ClaimError, Result, Share, parse_claim, plan
@@ -43,6 +42,7 @@ from dra_driver.names import DRIVER
 from dra_driver.slices import device_name
 from node_state import tenancy
 from node_state.containers import ContainerStore, new_key
+from node_state.gpus import Health, Inventory
 from node_state.layout import ContainerRecord
 from node_state.schedulers import SchedulerError, TokenScheduler, remove_tenant
 from py_vcuda.nvml import GPUInfo

@@ -31,10 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from device_plugin.inventory import Inventory
 from dra_driver.claims import whole_memory
 from dra_driver.names import CORES, DRIVER, MEMORY
 from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES
+from node_state.gpus import Inventory
 
 log = logging.getLogger(__name__)
 

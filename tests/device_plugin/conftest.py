@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from device_plugin.config import resolve
-from device_plugin.inventory import Inventory
 from device_plugin.testing import TestKubelet, gpu, inventory, wait_for
+from node_state.gpus import Inventory
 from py_vcuda import native
 from py_vcuda.sim import SimConfig
 

@@ -280,7 +280,7 @@ def test_whole_cards_follow_the_extenders_assignment(agent_factory, kubelet, dp)
 
 
 def test_whole_cards_without_extender_take_the_nvlink_pair(agent_factory, kubelet, dp):
-    from device_plugin.inventory import Inventory
+    from node_state.gpus import Inventory
 
     gpus = tuple(dp.gpu(i, numa=0) for i in range(4))
     inv = Inventory(gpus, {0: frozenset(), 1: frozenset({2}), 2: frozenset({1}), 3: frozenset()})

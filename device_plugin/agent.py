@@ -26,6 +26,7 @@ from kube_contract.names import Names
 from kube_contract.podresources import PodResourcesClient
 from node_state.containers import ContainerStore
 from node_state.gpus import Health, Inventory
+from node_state.health import HealthFactory
 from node_state.layout import NodeLayout
 from node_state.schedulers import TokenScheduler
 from node_state.supervisor import Child, Supervisor
@@ -34,25 +35,11 @@ from py_vcuda.nvml import NVML
 
 log = logging.getLogger(__name__)
 
-HealthFactory = Callable[[Inventory, Callable[[str, bool, str], None]], Any]   # -> object with start()/stop()
 WatchFactory = Callable[[Callable[[], None]], Any]   # on_event -> object with start()/stop() (pods.PodWatch)
 
 
 class StartError(RuntimeError):
     """The agent cannot run with this configuration on this node; the message says why."""
-
-
-def nvml_health(nvml: NVML, ignored_xids: str | None) -> HealthFactory:
-    """The XID health monitor (device_plugin.health) bound to this NVML session."""
-    from device_plugin import health
-
-    # None (unset) keeps NVIDIA's list; "" is a list too: ignore no XID.
-    ignored = health.parse_xid_list(ignored_xids) if ignored_xids is not None else health.DEFAULT_IGNORED_XIDS
-
-    def make(inventory: Inventory, on_change: Callable[[str, bool, str], None]) -> Any:
-        return health.HealthMonitor(nvml, inventory.gpus, on_change, ignored_xids=ignored)
-
-    return make
 
 
 class Agent:

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Protocol
 from device_plugin import config as configlib
 
 if TYPE_CHECKING:  # the agent's modules load grpc and NVML: only `run` needs them, not `vcuda --help`
-    from device_plugin.agent import HealthFactory, WatchFactory
+    from device_plugin.agent import WatchFactory
     from device_plugin.node_topology import Annotate
     from device_plugin.pods import PodSource
+    from node_state.health import HealthFactory
     from py_vcuda.nvml import NVML
 
 log = logging.getLogger("device_plugin")
@@ -83,7 +84,8 @@ def serve(prog: str, logger: str, log_level: str, ignored_xids: str | None,
           build: Callable[[NVML, HealthFactory | None], Daemon]) -> int:
     """A node daemon's life (the device plugin's agent, the DRA driver): logging, NVML and its XID
     health monitor, the agent `build` wires (StartError: a message and exit status 2), until SIGTERM."""
-    from device_plugin.agent import StartError, nvml_health
+    from device_plugin.agent import StartError
+    from node_state.health import nvml_health
     from py_vcuda.nvml import NVML, NVMLUnavailable
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from device_plugin.agent import HealthFactory, StartError
+from device_plugin.agent import StartError
 from device_plugin.metrics import start_exporter
 from dra_driver import slices
 from dra_driver.cdi import SpecDir
@@ -27,6 +27,7 @@ from dra_driver.driver import MODE, ClaimSource, Driver
 from dra_driver.plugin import KubeletPlugin
 from node_state.containers import ContainerStore
 from node_state.gpus import Health, Inventory
+from node_state.health import HealthFactory
 from node_state.layout import NodeLayout
 from node_state.schedulers import TokenScheduler
 from node_state.supervisor import Supervisor

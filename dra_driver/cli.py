@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from dra_driver import config as configlib
 
 if TYPE_CHECKING:
-    from device_plugin.agent import HealthFactory
     from dra_driver.agent import DriverAgent
+    from node_state.health import HealthFactory
     from py_vcuda.nvml import NVML
 
 log = logging.getLogger("dra_driver")

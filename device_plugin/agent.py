@@ -18,7 +18,6 @@ from device_plugin import mps, pgpu, vgpu
 from device_plugin.config import PluginConfig
 from device_plugin.kubelet import Endpoint, Registrar, ResourcePlugin
 from device_plugin.labels import write_feature_file
-from device_plugin.metrics import start_exporter
 from device_plugin.node_topology import Annotate, TopologyPublisher
 from device_plugin.pods import PodSource
 from device_plugin.reconcile import Reconciler
@@ -28,6 +27,7 @@ from node_state.containers import ContainerStore
 from node_state.gpus import Health, Inventory
 from node_state.health import HealthFactory
 from node_state.layout import NodeLayout
+from node_state.metrics import start_exporter
 from node_state.schedulers import TokenScheduler
 from node_state.supervisor import Child, Supervisor
 from py_vcuda import native

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Protocol
 
 from device_plugin.agent import StartError
-from device_plugin.metrics import start_exporter
 from dra_driver import slices
 from dra_driver.cdi import SpecDir
 from dra_driver.checkpoint import Checkpoint
@@ -29,6 +28,7 @@ from node_state.containers import ContainerStore
 from node_state.gpus import Health, Inventory
 from node_state.health import HealthFactory
 from node_state.layout import NodeLayout
+from node_state.metrics import start_exporter
 from node_state.schedulers import TokenScheduler
 from node_state.supervisor import Supervisor
 from py_vcuda import native

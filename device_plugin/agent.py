@@ -24,6 +24,7 @@ from device_plugin.reconcile import Reconciler
 from kube_contract.names import Names
 from kube_contract.podresources import PodResourcesClient
 from node_state.containers import ContainerStore
+from node_state.daemon import StartError
 from node_state.gpus import Health, Inventory
 from node_state.health import HealthFactory
 from node_state.layout import NodeLayout
@@ -36,10 +37,6 @@ from py_vcuda.nvml import NVML
 log = logging.getLogger(__name__)
 
 WatchFactory = Callable[[Callable[[], None]], Any]   # on_event -> object with start()/stop() (pods.PodWatch)
-
-
-class StartError(RuntimeError):
-    """The agent cannot run with this configuration on this node; the message says why."""
 
 
 class Agent:

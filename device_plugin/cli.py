@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
-from types import FrameType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from device_plugin import config as configlib
 
 if TYPE_CHECKING:  # the agent's modules load grpc and NVML: only `run` needs them, not `vcuda --help`
-    from device_plugin.agent import WatchFactory
+    from device_plugin.agent import Agent, WatchFactory
     from device_plugin.node_topology import Annotate
     from device_plugin.pods import PodSource
     from node_state.health import HealthFactory
@@ -64,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"vcuda device-plugin: {exc}", file=sys.stderr)
         return 2
 
-    def build(nvml: NVML, health: HealthFactory | None) -> Daemon:
+    def build(nvml: NVML, health: HealthFactory | None) -> Agent:
         from device_plugin.agent import Agent
         from node_state.gpus import Inventory
 
@@ -72,55 +68,9 @@ def run(args: argparse.Namespace) -> int:
         return Agent(cfg, inventory=Inventory.from_nvml(nvml), pods=api.pods, nvml=nvml, health_factory=health,
                      pod_watch=api.watch, annotate_node=api.annotate_node)
 
+    from node_state.daemon import serve
+
     return serve("vcuda device-plugin", "device_plugin", cfg.log_level, cfg.ignored_xids, build)
-
-
-class Daemon(Protocol):
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
-
-
-def serve(prog: str, logger: str, log_level: str, ignored_xids: str | None,
-          build: Callable[[NVML, HealthFactory | None], Daemon]) -> int:
-    """A node daemon's life (the device plugin's agent, the DRA driver): logging, NVML and its XID
-    health monitor, the agent `build` wires (StartError: a message and exit status 2), until SIGTERM."""
-    from device_plugin.agent import StartError
-    from node_state.health import nvml_health
-    from py_vcuda.nvml import NVML, NVMLUnavailable
-
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format=f"{logger}: %(levelname)s %(name)s: %(message)s")
-    try:
-        nvml = NVML()
-    except NVMLUnavailable as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 1
-    stopping = threading.Event()
-
-    def stop(signum: int, _frame: FrameType | None) -> None:
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    try:
-        health = None
-        try:
-            health = nvml_health(nvml, ignored_xids)
-        except ImportError as exc:
-            log.warning("GPU health monitoring unavailable: %s", exc)
-        agent = build(nvml, health)
-    except (StartError, ValueError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        nvml.close()
-        return 2
-    agent.start()
-    try:
-        stopping.wait()
-    finally:
-        agent.stop()
-        nvml.close()
-    log.info("stopped")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,6 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from device_plugin.agent import StartError
 from dra_driver import slices
 from dra_driver.cdi import SpecDir
 from dra_driver.checkpoint import Checkpoint
@@ -25,6 +24,7 @@ from dra_driver.config import DriverConfig
 from dra_driver.driver import MODE, ClaimSource, Driver
 from dra_driver.plugin import KubeletPlugin
 from node_state.containers import ContainerStore
+from node_state.daemon import StartError
 from node_state.gpus import Health, Inventory
 from node_state.health import HealthFactory
 from node_state.layout import NodeLayout

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from device_plugin.cli import serve
+    from node_state.daemon import serve
 
     try:
         cfg = configlib.from_args(args)
@@ -35,11 +35,11 @@ def run(args: argparse.Namespace) -> int:
 
     def build(nvml: NVML, health: HealthFactory | None) -> DriverAgent:
         # grpc and the kubernetes client load here, not for `vcuda --help`.
-        from device_plugin.agent import StartError
         from dra_driver.agent import DriverAgent
         from dra_driver.kube import KubeAPI
         from dra_driver.slices import DriverVersions
         from kube_contract.apiclient import make_api_client
+        from node_state.daemon import StartError
         from node_state.gpus import Inventory
 
         try:

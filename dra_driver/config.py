@@ -1,4 +1,4 @@
-"""The DRA driver's configuration: one table of options (device_plugin.config.OptionTable),
+"""The DRA driver's configuration: one table of options (node_state.options.OptionTable),
 with the same precedence as the node agent's: flag > ``VCUDA_DRA_<NAME>`` > ``--config`` file > default.
 
 Environment variables (all optional):
@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from device_plugin.config import ConfigError, Option, OptionTable, log_level, port_number, positive_number, xid_list
 from dra_driver.names import DEFAULT_CDI_DIR, DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
+from node_state.options import ConfigError, Option, OptionTable, log_level, port_number, positive_number, xid_list
 
 ENV_PREFIX = "VCUDA_DRA_"
 

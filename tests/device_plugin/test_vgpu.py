@@ -208,7 +208,8 @@ def test_crashed_scheduler_is_restarted_with_its_tenants(agent_factory, kubelet,
 
 
 def test_bad_host_lib_dir_is_a_start_error(short_dir: Path, dp):
-    from device_plugin.agent import Agent, StartError
+    from device_plugin.agent import Agent
+    from node_state.daemon import StartError
 
     cfg = dp.plugin_config(short_dir, "vgpu", host_lib_dir=str(short_dir / "nowhere"))
     with pytest.raises(StartError, match="--host-lib-dir: .*libvcuda.so does not exist"):

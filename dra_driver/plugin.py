@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from concurrent import futures
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
 import grpc
 
-from device_plugin.kubelet import socket_identity
 from dra_driver.driver import ClaimRef, Prepared
 from dra_driver.names import (
     DEFAULT_PLUGIN_DIR,
@@ -38,6 +36,7 @@ from dra_driver.names import (
 from kube_contract.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from kube_contract.api import pluginregistration_v1_pb2 as reg
 from kube_contract.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from kube_contract.kubelet_socket import UnixGrpcServer
 
 log = logging.getLogger(__name__)
 
@@ -97,39 +96,6 @@ class _Registration(reg_grpc.RegistrationServicer):
         return reg.RegistrationStatusResponse()
 
 
-class _Socket:
-    """A gRPC server on one unix socket file."""
-
-    def __init__(self, path: Path, add: Callable[[grpc.Server], None], what: str) -> None:
-        self.path = path
-        self.add = add
-        self.what = what
-        self._server: grpc.Server | None = None
-        self._served: tuple[int, int] | None = None
-
-    def serve(self) -> None:
-        self.stop()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.unlink(missing_ok=True)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="dra-grpc"))
-        self.add(server)
-        server.add_insecure_port(f"unix://{self.path}")
-        server.start()
-        self._server = server
-        self._served = socket_identity(self.path)
-        log.info("serving %s on %s", self.what, self.path)
-
-    def intact(self) -> bool:
-        return self._server is not None and socket_identity(self.path) == self._served
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop(grace=0.5).wait()
-            self._server = None
-            if socket_identity(self.path) == self._served:
-                self.path.unlink(missing_ok=True)
-
-
 class KubeletPlugin:
     def __init__(self, handler: ClaimHandler, *, plugin_dir: Path = DEFAULT_PLUGIN_DIR,
                  registry_dir: Path = DEFAULT_REGISTRY_DIR, poll_s: float = 0.2) -> None:
@@ -144,10 +110,10 @@ class KubeletPlugin:
             dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
                 _servicer(dra_v1beta1_pb2, dra_v1beta1_pb2_grpc, handler), server)
 
-        self._service = _Socket(self.endpoint, add_service, "the DRA service")
-        self._registration = _Socket(self.registration_socket,
-                                     lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s),
-                                     "plugin registration")
+        self._service = UnixGrpcServer(self.endpoint, add_service, "the DRA service", thread_prefix="dra-grpc")
+        self._registration = UnixGrpcServer(
+            self.registration_socket, lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s),
+            "plugin registration", thread_prefix="dra-reg")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -23,12 +23,12 @@ from typing import Any
 
 import grpc
 
-from device_plugin.kubelet import socket_identity
 from device_plugin.testing import wait_for
 from dra_driver.names import CONFIG_API_VERSION, CONFIG_KIND, CORES, DRIVER, MEMORY, PLUGIN_TYPE
 from kube_contract.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from kube_contract.api import pluginregistration_v1_pb2 as reg
 from kube_contract.api import pluginregistration_v1_pb2_grpc as reg_grpc
+from kube_contract.kubelet_socket import socket_identity
 
 NODE = "node-1"   # the tests' node
 STUBS = {"v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}
@@ -53,7 +53,7 @@ class TestKubelet:
         self.poll_s = poll_s
         self.registrations: list[Registration] = []
         self.lock = threading.Lock()
-        self._seen: dict[Path, tuple[int, int]] = {}
+        self._seen: dict[Path, tuple[int, int, int]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -50,6 +50,17 @@ def test_registers_through_the_registration_socket(agent_factory, kubelet, short
     assert agent.plugin.registration.statuses[-1].plugin_registered
 
 
+def test_removed_sockets_are_served_again_and_registered_again(agent_factory, kubelet, api, short_dir):
+    agent_factory()
+    first = kubelet.wait_registered()
+    (short_dir / "pl" / DRIVER / "dra.sock").unlink()        # someone cleaned the plugin directory
+    again = kubelet.wait_registered(after=first.at + 1e-6)
+    claim = api.put("resourceclaims", t.claim("c", NODE, [t.share(NODE, 0, 30, 4 * GiB)]))
+    assert entry(kubelet.prepare(claim), claim).error == ""   # through the new socket
+    (short_dir / "reg" / REGISTRATION_SOCKET).unlink()
+    kubelet.wait_registered(after=again.at + 1e-6)
+
+
 def test_a_kubelet_with_only_v1beta1_prepares_through_v1beta1(agent_factory, api, short_dir):
     registry = short_dir / "reg"
     registry.mkdir()

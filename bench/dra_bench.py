@@ -31,13 +31,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from device_plugin.testing import inventory  # noqa: E402
 from dra_driver import config, testing  # noqa: E402
 from dra_driver.agent import DriverAgent  # noqa: E402
 from dra_driver.kube import KubeAPI  # noqa: E402
 from dra_driver.names import DRIVER  # noqa: E402
 from kube_contract.apiclient import make_api_client  # noqa: E402
 from kube_contract.testing import FakeApiServer  # noqa: E402
+from node_state.testing import inventory  # noqa: E402
 from py_vcuda import native  # noqa: E402
 from py_vcuda.sim import MiB  # noqa: E402
 

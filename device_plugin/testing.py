@@ -9,20 +9,17 @@ with the messages kubelet sends. `restart()` does what a kubelet restart
 does: plugin sockets are wiped and kubelet.sock is re-created.
 
 Used by tests/device_plugin and bench/plugin_bench.py, with the fake Kubernetes
-API server kube_contract.testing.FakeApiServer. `gpu` and `inventory` build
-GPUs with the simulator's UUIDs (a simulated program sees the same cards), for
-the device plugin's and the DRA driver's tests.
+API server kube_contract.testing.FakeApiServer and the simulated GPUs of
+node_state.testing.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import grpc
 
@@ -30,30 +27,7 @@ from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from kube_contract.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from kube_contract.api import podresources_v1_pb2 as prpb
 from kube_contract.api import podresources_v1_pb2_grpc as prpb_grpc
-from node_state.gpus import Inventory
-from py_vcuda.nvml import GPUInfo
-from py_vcuda.sim import GiB
-
-
-def gpu(index: int, *, numa: int | None = None, memory: int = 16 * GiB) -> GPUInfo:
-    """A GPU with the simulator's UUID scheme, so a simulated program sees the same card."""
-    return GPUInfo(index=index, uuid=f"GPU-5157a0c0-{index:04x}-4000-8000-{index:012x}",
-                   name="vcuda simulated GPU", memory_total=memory, minor=index, numa_node=numa)
-
-
-def inventory(n: int, **kw: Any) -> Inventory:
-    return Inventory(tuple(gpu(i, **kw) for i in range(n)))
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
+from node_state.testing import wait_for
 
 
 @dataclass

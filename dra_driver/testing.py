@@ -23,12 +23,12 @@ from typing import Any
 
 import grpc
 
-from device_plugin.testing import wait_for
 from dra_driver.names import CONFIG_API_VERSION, CONFIG_KIND, CORES, DRIVER, MEMORY, PLUGIN_TYPE
 from kube_contract.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from kube_contract.api import pluginregistration_v1_pb2 as reg
 from kube_contract.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from kube_contract.kubelet_socket import socket_identity
+from node_state.testing import wait_for
 
 NODE = "node-1"   # the tests' node
 STUBS = {"v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}

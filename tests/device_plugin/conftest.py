@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from device_plugin.config import resolve
-from device_plugin.testing import TestKubelet, gpu, inventory, wait_for
+from device_plugin.testing import TestKubelet
 from node_state.gpus import Inventory
+from node_state.testing import gpu, inventory, wait_for
 from py_vcuda import native
 from py_vcuda.sim import SimConfig
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from device_plugin.testing import inventory
 from dra_driver import config
 from dra_driver.agent import DriverAgent
 from dra_driver.kube import KubeAPI
@@ -19,6 +18,7 @@ from dra_driver.testing import NODE, TestKubelet
 from kube_contract.apiclient import make_api_client
 from kube_contract.testing import FakeApiServer
 from node_state.gpus import Inventory
+from node_state.testing import inventory
 from py_vcuda import native
 
 

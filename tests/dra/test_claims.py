@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from device_plugin.testing import gpu
 from dra_driver import testing as t
 from dra_driver.claims import ClaimError, Result, ShareConfig, parse_claim, plan, share_config_fields, whole_memory
+from node_state.testing import gpu
 from py_vcuda.nvml import GPUInfo
 from py_vcuda.sim import GiB, MiB
 

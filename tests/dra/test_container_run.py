@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from shimtest import container_env_on_host, parse
 
-from device_plugin.testing import gpu, inventory
 from dra_driver import testing as t
+from node_state.testing import gpu, inventory
 from py_vcuda.ledger import Ledger
 from py_vcuda.sim import GiB, MiB, SimConfig
 

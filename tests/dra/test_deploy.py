@@ -147,7 +147,7 @@ def allocated(template: dict[str, Any], cores: str | None, memory: str | None) -
 
 
 def test_example_templates_ask_for_what_their_comments_say() -> None:
-    from device_plugin.testing import gpu
+    from node_state.testing import gpu
     from py_vcuda.sim import GiB
 
     card = gpu(0, memory=80 * GiB)
@@ -226,8 +226,8 @@ def _request_rbac(method: str, path: str) -> tuple[str, str, str]:
 def test_every_request_the_driver_sends_is_granted(agent_factory, kubelet, api):
     """What the driver actually sends a (fake) API server through a prepare, a health change, a
     stale slice and an unprepare: all of it within the ClusterRole."""
-    from device_plugin.testing import gpu, wait_for
     from dra_driver import testing as t
+    from node_state.testing import gpu, wait_for
 
     agent = agent_factory()
     wait_for(agent.publisher.published.is_set, 10, "the ResourceSlice")

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from device_plugin.testing import gpu, inventory, wait_for
 from dra_driver import testing as t
 from dra_driver.names import DRIVER, REGISTRATION_SOCKET, SUPPORTED_VERSIONS
 from node_state.layout import ContainerRecord
+from node_state.testing import gpu, inventory, wait_for
 from py_vcuda.sim import GiB, MiB
 
 NODE = t.NODE

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from device_plugin.testing import wait_for
 from dra_driver import testing as t
+from node_state.testing import wait_for
 from py_vcuda import native
 from py_vcuda.sim import GiB, SimConfig
 

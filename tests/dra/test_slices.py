@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from device_plugin.testing import gpu, wait_for
 from dra_driver import slices
 from dra_driver.kube import KubeAPI
 from dra_driver.names import DRIVER
 from kube_contract.apiclient import make_api_client
 from kube_contract.testing import FakeApiServer
 from node_state.gpus import Inventory
+from node_state.testing import gpu, wait_for
 from py_vcuda.sim import GiB, MiB
 
 NODE = "node-1"

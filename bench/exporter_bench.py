@@ -17,6 +17,10 @@ end to end there), so none of the client's work is counted here:
   the schedulers' CPU for answering `stats` is their own processes';
 - of that, reading + rendering: CPU time of the server thread inside the
   body function (`time.thread_time`), i.e. without the HTTP handling.
+
+Each figure is taken twice in one run, side by side: plain scrapes, then
+scrapes with `Accept-Encoding: gzip` as Prometheus sends it (body size on the
+wire, scrape time, exporter CPU including the compression).
 """
 
 from __future__ import annotations
@@ -53,19 +57,25 @@ from token_scheduler.testing import AdminClient, spawn_daemon  # noqa: E402
 CORE = "tencent.com/vcuda-core"
 
 
-# The scraping client, run as `python -c CLIENT PORT N`: says "ready", waits for a line, scrapes N times one
-# after another, prints the times (s) and the body size as JSON.
+# The scraping client, run as `python -c CLIENT PORT N GZIP`: says "ready", waits for a line, scrapes N times
+# one after another (GZIP "1": accepting gzip, and unpacking it as a scraper must), prints the times (s) and the
+# body size on the wire as JSON.
 CLIENT = """
-import json, sys, time, urllib.request
-port, n = int(sys.argv[1]), int(sys.argv[2])
-url = f"http://127.0.0.1:{port}/metrics"
+import gzip, json, sys, time, urllib.request
+port, n, packed = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                             headers={"Accept-Encoding": "gzip"} if packed else {})
 print("ready", flush=True)
 sys.stdin.readline()
 times, size = [], 0
 for _ in range(n):
     start = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=30) as resp:
-        size = len(resp.read())
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        body = resp.read()
+        assert (resp.headers.get("Content-Encoding") == "gzip") == packed
+    if packed:
+        gzip.decompress(body)
+    size = len(body)
     times.append(time.perf_counter() - start)
 print(json.dumps({"times": times, "size": size}), flush=True)
 """
@@ -133,9 +143,10 @@ def scrape(port: int) -> tuple[float, int]:
     return time.perf_counter() - start, len(body)
 
 
-def client_scrapes(port: int, n: int) -> tuple[list[float], int, float]:
+def client_scrapes(port: int, n: int, packed: bool) -> tuple[list[float], int, float]:
     """n scrapes from another process: (their times, body size, this process's CPU seconds meanwhile)."""
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, str(port), str(n)], stdin=subprocess.PIPE,
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, str(port), str(n), "1" if packed else "0"],
+                              stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     assert client.stdin is not None and client.stdout is not None
     try:
@@ -185,23 +196,28 @@ def main() -> int:
         first, _ = scrape(port)  # opens ledgers and sockets, asks the kubelet
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
         series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
-        body_cpu.samples.clear()
-        lists0 = lister.calls
-        times, size, cpu = client_scrapes(port, args.scrapes)
-        assert len(body_cpu.samples) == args.scrapes, len(body_cpu.samples)
-        times.sort()
-        body = sorted(body_cpu.samples)
         print(f"node: {args.gpus} GPUs x {args.tenants} tenants = {args.gpus * args.tenants} containers, "
-              f"{series} series, {size / 1024:.0f} KiB per scrape")
+              f"{series} series")
         print(f"first scrape (cold caches): {first * 1000:.1f} ms")
-        print(f"scrape time over {args.scrapes} scrapes (client in another process): "
-              f"p50 {percentile(times, 0.5) * 1000:.1f} ms, p95 {percentile(times, 0.95) * 1000:.1f} ms, "
-              f"max {times[-1] * 1000:.1f} ms, mean {statistics.mean(times) * 1000:.1f} ms (goal <= 50 ms)")
-        print(f"exporter CPU per scrape (exporter process, HTTP server included, client excluded): "
-              f"{cpu / args.scrapes * 1000:.1f} ms; pod-resources List calls meanwhile: {lister.calls - lists0}")
-        print(f"  of which reading + rendering (server thread, time.thread_time): p50 "
-              f"{percentile(body, 0.5) * 1000:.1f} ms, p95 {percentile(body, 0.95) * 1000:.1f} ms, "
-              f"max {body[-1] * 1000:.1f} ms")
+        sizes = {}
+        for packed in (False, True):
+            body_cpu.samples.clear()
+            lists0 = lister.calls
+            times, size, cpu = client_scrapes(port, args.scrapes, packed)
+            sizes[packed] = size
+            assert len(body_cpu.samples) == args.scrapes, len(body_cpu.samples)
+            times.sort()
+            body = sorted(body_cpu.samples)
+            print(f"{'gzip (Accept-Encoding: gzip)' if packed else 'plain'}: {size / 1024:.0f} KiB per scrape")
+            print(f"  scrape time over {args.scrapes} scrapes (client in another process): "
+                  f"p50 {percentile(times, 0.5) * 1000:.1f} ms, p95 {percentile(times, 0.95) * 1000:.1f} ms, "
+                  f"max {times[-1] * 1000:.1f} ms, mean {statistics.mean(times) * 1000:.1f} ms (goal <= 50 ms)")
+            print(f"  exporter CPU per scrape (exporter process, HTTP server included, client excluded): "
+                  f"{cpu / args.scrapes * 1000:.1f} ms; pod-resources List calls meanwhile: {lister.calls - lists0}")
+            print(f"    of which reading + rendering (server thread, time.thread_time): p50 "
+                  f"{percentile(body, 0.5) * 1000:.1f} ms, p95 {percentile(body, 0.95) * 1000:.1f} ms, "
+                  f"max {body[-1] * 1000:.1f} ms")
+        print(f"gzip body / plain body: {sizes[True] / sizes[False]:.3f}")
         nvml.close()
         return 0
     finally:

@@ -17,8 +17,8 @@ from typing import Any
 from device_plugin import mps, pgpu, vgpu
 from device_plugin.config import PluginConfig
 from device_plugin.kubelet import Endpoint, Registrar, ResourcePlugin
-from device_plugin.labels import write_feature_file
-from device_plugin.node_topology import Annotate, TopologyPublisher
+from device_plugin.labels import cuda_labels, write_feature_file
+from device_plugin.node_topology import NodePatch, NodePublisher, encode
 from device_plugin.pods import PodSource
 from device_plugin.reconcile import Reconciler
 from kube_contract.names import Names
@@ -42,7 +42,7 @@ WatchFactory = Callable[[Callable[[], None]], Any]   # on_event -> object with s
 class Agent:
     def __init__(self, config: PluginConfig, *, inventory: Inventory, pods: PodSource,
                  nvml: NVML | None = None, health_factory: HealthFactory | None = None,
-                 pod_watch: WatchFactory | None = None, annotate_node: Annotate | None = None) -> None:
+                 pod_watch: WatchFactory | None = None, patch_node: NodePatch | None = None) -> None:
         self.config = config
         self.inventory = inventory
         self.pods = pods
@@ -65,8 +65,13 @@ class Agent:
                                      in_use=in_use, grace_s=config.cleanup_grace_s, interval_s=config.resync_s)
         self.pod_watch = pod_watch(self.reconciler.wake) if pod_watch else None
         # The extender places vgpu requests only: the other modes have nothing to tell it.
-        self.topology = TopologyPublisher(annotate_node, self.names.topology, inventory) \
-            if annotate_node is not None and config.mode == "vgpu" else None
+        metadata: dict[str, dict[str, str]] = {}
+        if config.mode == "vgpu":
+            metadata["annotations"] = {self.names.topology: encode(inventory)}
+        if nvml is not None:
+            metadata["labels"] = cuda_labels(nvml)
+        self.node_publisher = NodePublisher(patch_node, metadata) \
+            if patch_node is not None and metadata else None
         self._stop_exporter: Callable[[], None] | None = None
 
     def _plugins(self, children: list[Child]) -> list[ResourcePlugin]:
@@ -99,8 +104,8 @@ class Agent:
         if self.health_monitor is not None:
             self.health_monitor.start()
         self._write_labels()
-        if self.topology is not None:
-            self.topology.start()
+        if self.node_publisher is not None:
+            self.node_publisher.start()
         self._start_exporter()
         self.reconciler.start()
         if self.pod_watch is not None:
@@ -112,8 +117,8 @@ class Agent:
         if self.pod_watch is not None:
             self.pod_watch.stop()
         self.reconciler.stop()
-        if self.topology is not None:
-            self.topology.stop()
+        if self.node_publisher is not None:
+            self.node_publisher.stop()
         if self._stop_exporter is not None:
             self._stop_exporter()
         if self.health_monitor is not None:

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from device_plugin import config as configlib
+from node_state.daemon import StartError
 
 if TYPE_CHECKING:  # the agent's modules load grpc and NVML: only `run` needs them, not `vcuda --help`
     from device_plugin.agent import Agent, WatchFactory
-    from device_plugin.node_topology import Annotate
+    from device_plugin.node_topology import NodePatch
     from device_plugin.pods import PodSource
     from node_state.health import HealthFactory
     from py_vcuda.nvml import NVML
@@ -33,11 +34,19 @@ class Cluster:
 
     pods: PodSource
     watch: WatchFactory | None = None
-    annotate_node: Annotate | None = None
+    patch_node: NodePatch | None = None
 
 
-def cluster(kubeconfig: str | None, node: str) -> Cluster:
-    """This node's pods, a watch on them and a way to annotate the Node; NoPods without an API server."""
+class NoAPIServer(StartError):
+    """vgpu mode with no API server and no --without-api-server: memory quotas would be lost."""
+
+
+def cluster(kubeconfig: str | None, node: str, *, require: bool = False) -> Cluster:
+    """This node's pods, a watch on them and a way to label and annotate the Node; NoPods without an API server.
+
+    With `require`, no API server raises NoAPIServer instead: vgpu mode finds each container's
+    memory request through its pod, and a quota that cannot be applied must not become unlimited.
+    """
     from device_plugin.node_topology import KubeNode
     from device_plugin.pods import KubePods, NoPods, PodWatch
 
@@ -48,9 +57,14 @@ def cluster(kubeconfig: str | None, node: str) -> Cluster:
 
         api = client.CoreV1Api(make_api_client(kubeconfig))
     except Exception as exc:   # the kubernetes client raises several unrelated types here
+        if require:
+            raise NoAPIServer(
+                f"no API server ({exc}): vgpu mode needs it to apply each container's memory request; "
+                "give --kubeconfig, run in-cluster, or pass --without-api-server to run with memory "
+                "requests NOT enforced") from None
         log.warning("no API server (%s): pods are not identified; fine on single-GPU nodes only", exc)
         return Cluster(NoPods(str(exc)))
-    return Cluster(KubePods(api), lambda on_event: PodWatch(api, node, on_event), KubeNode(api, node).annotate)
+    return Cluster(KubePods(api), lambda on_event: PodWatch(api, node, on_event), KubeNode(api, node).patch)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
         from device_plugin.agent import Agent
         from node_state.gpus import Inventory
 
-        api = cluster(cfg.kubeconfig, cfg.node_name)
+        api = cluster(cfg.kubeconfig, cfg.node_name, require=cfg.mode == "vgpu" and not cfg.without_api_server)
         return Agent(cfg, inventory=Inventory.from_nvml(nvml), pods=api.pods, nvml=nvml, health_factory=health,
-                     pod_watch=api.watch, annotate_node=api.annotate_node)
+                     pod_watch=api.watch, patch_node=api.patch_node)
 
     from node_state.daemon import serve
 

@@ -24,6 +24,7 @@ Environment variables (all optional):
 ``VCUDA_PLUGIN_HOST_LIB_DIR``      host directory holding libvcuda.so
 ``VCUDA_PLUGIN_MPS_CONTROL``       nvidia-cuda-mps-control binary
 ``VCUDA_PLUGIN_KUBECONFIG``        kubeconfig ("" : in-cluster, else none)
+``VCUDA_PLUGIN_WITHOUT_API_SERVER`` 1: vgpu mode may run with no API server (memory NOT enforced)
 ``VCUDA_PLUGIN_RESYNC_S``          seconds between quota/cleanup passes (30)
 ``VCUDA_PLUGIN_CLEANUP_GRACE_S``   seconds before an unused container dir goes (60)
 ``VCUDA_PLUGIN_LOG_LEVEL``         debug, info, warning, error
@@ -47,6 +48,7 @@ from node_state.options import (
     log_level,
     port_number,
     positive_number,
+    switch,
     xid_list,
 )
 
@@ -84,6 +86,10 @@ OPTIONS: tuple[Option, ...] = (
            "host directory with libvcuda.so, mounted into vgpu containers"),
     Option("mps_control", "nvidia-cuda-mps-control", str, "MPS control daemon binary (mps mode)"),
     Option("kubeconfig", None, str, "kubeconfig for the API server (default: in-cluster)"),
+    Option("without_api_server", False, switch,
+           "vgpu mode: start even with no API server. Memory requests (vcuda-memory units, "
+           "vcuda.io/memory) are then NOT enforced, as containers cannot be told apart; "
+           "without this flag vgpu mode refuses to start"),
     Option("resync_s", 30.0, positive_number,
            "seconds between pod/quota/cleanup passes besides those pod events start"),
     Option("cleanup_grace_s", 60.0, positive_number,
@@ -107,6 +113,7 @@ class PluginConfig:
     host_lib_dir: Path
     mps_control: str
     kubeconfig: str | None
+    without_api_server: bool
     resync_s: float
     cleanup_grace_s: float
     log_level: str

@@ -39,6 +39,15 @@ def label_value(text: str) -> str:
     return value or "unknown"
 
 
+def cuda_labels(nvml: NVML) -> dict[str, str]:
+    """The bare ``cuda-major-version`` / ``cuda-minor-version`` labels (no namespace) that the
+    platform documentation users follow puts on GPU nodes, so their nodeAffinity
+    (``cuda-major-version In ["12"]``, ``cuda-minor-version Gt "3"``) matches. NFD can write
+    only namespaced names, so the agent patches these onto the Node itself."""
+    major, minor = nvml.cuda_driver_version()
+    return {"cuda-major-version": str(major), "cuda-minor-version": str(minor)}
+
+
 def node_labels(nvml: NVML, mode: str, prefix: str = DEFAULT_PREFIX) -> dict[str, str]:
     """The labels this node gets, full names to values.
 
@@ -47,12 +56,10 @@ def node_labels(nvml: NVML, mode: str, prefix: str = DEFAULT_PREFIX) -> dict[str
     if mode not in MODES:
         raise ValueError(f"sharing mode {mode!r}: expected one of {', '.join(MODES)}")
     gpus = nvml.gpus()
-    cuda_major, cuda_minor = nvml.cuda_driver_version()
     products = Counter(g.name for g in gpus)
     product = next(iter(products)) if len(products) == 1 else "mixed"
     values = {
-        "cuda-major-version": str(cuda_major),
-        "cuda-minor-version": str(cuda_minor),
+        **cuda_labels(nvml),
         "driver-version": nvml.driver_version(),
         "gpu-product": product if gpus else "none",
         "gpu-memory": str(min((g.memory_total for g in gpus), default=0) // MiB),

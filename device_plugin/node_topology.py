@@ -1,6 +1,9 @@
-"""Publish this node's GPUs and NVLink as the node annotation ``vcuda.io/gpu-topology``
-(format: kube_contract.topology), which the scheduler extender reads to place
-vgpu requests on a concrete GPU. Without it the extender finds no GPUs on the node.
+"""Publish on the Node object what the cluster schedules by: in vgpu mode this node's GPUs
+and NVLink as the annotation ``vcuda.io/gpu-topology`` (format: kube_contract.topology),
+which the scheduler extender reads to place vgpu requests on a concrete GPU (without it
+the extender finds no GPUs on the node); in every mode the bare labels
+``cuda-major-version`` and ``cuda-minor-version`` (device_plugin.labels.cuda_labels) that
+users' nodeAffinity names.
 
 The agent patches its Node once at start, from a background thread that keeps
 retrying (with a growing pause) while the API server cannot be reached, so the
@@ -12,7 +15,6 @@ what a changed set of GPUs needs.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable
@@ -23,7 +25,8 @@ from node_state.gpus import Inventory
 
 log = logging.getLogger(__name__)
 
-Annotate = Callable[[dict[str, str]], None]   # merge these annotations into our Node; raises on failure
+# Merge these metadata maps ("labels", "annotations": key -> value) into our Node; raises on failure.
+NodePatch = Callable[[dict[str, dict[str, str]]], None]
 
 
 def encode(inventory: Inventory) -> str:
@@ -35,26 +38,27 @@ def encode(inventory: Inventory) -> str:
 
 
 class KubeNode:
-    """Annotates one Node through the kubernetes client (RBAC: nodes patch)."""
+    """Labels and annotates one Node through the kubernetes client (RBAC: nodes patch)."""
 
     def __init__(self, api: Any, node: str, timeout: float = 10.0) -> None:
         self.api = api            # kubernetes.client.CoreV1Api
         self.node = node
         self.timeout = timeout
 
-    def annotate(self, annotations: dict[str, str]) -> None:
-        # A merge patch touches only these keys: labels and other agents' annotations stay.
-        self.api.patch_node(self.node, {"metadata": {"annotations": annotations}},
+    def patch(self, metadata: dict[str, dict[str, str]]) -> None:
+        # A merge patch touches only these keys: other labels and other agents' annotations stay.
+        self.api.patch_node(self.node, {"metadata": metadata},
                             _content_type="application/merge-patch+json", _preload_content=False,
                             _request_timeout=self.timeout)
 
 
-class TopologyPublisher:
-    def __init__(self, annotate: Annotate, key: str, inventory: Inventory, *, retry_s: float = 1.0,
+class NodePublisher:
+    """Patches `metadata` into the Node from a background thread, retrying until it succeeds."""
+
+    def __init__(self, patch: NodePatch, metadata: dict[str, dict[str, str]], *, retry_s: float = 1.0,
                  max_retry_s: float = 60.0) -> None:
-        self.annotate = annotate
-        self.key = key
-        self.value = encode(inventory)
+        self.patch = patch
+        self.metadata = metadata
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
         self.published = threading.Event()
@@ -62,7 +66,7 @@ class TopologyPublisher:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="topology-publisher", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="node-publisher", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -75,17 +79,20 @@ class TopologyPublisher:
         failures = 0
         while not self._stop.is_set():
             try:
-                self.annotate({self.key: self.value})
+                self.patch(self.metadata)
             except Exception as exc:   # the API server may be down or slow; keep trying, quietly after the first
                 failures += 1
                 (log.warning if failures == 1 else log.debug)(
-                    "node annotation %s not published yet (%s); retrying", self.key, _reason(exc))
+                    "node %s not published yet (%s); retrying", self._keys(), _reason(exc))
                 self._stop.wait(pause)
                 pause = min(pause * 2, self.max_retry_s)
                 continue
-            log.info("published %s (%d GPUs)", self.key, len(json.loads(self.value)["gpus"]))
+            log.info("published node %s", self._keys())
             self.published.set()
             return
+
+    def _keys(self) -> str:
+        return ", ".join(f"{section[:-1]} {key}" for section, values in self.metadata.items() for key in values)
 
 
 def _reason(exc: Exception) -> str:

@@ -16,8 +16,9 @@ anonymously (the exporter later learns its pod from pod-resources).
 
 Init containers asking for the resource are candidates too, in kubelet's
 order (`waiting`): a pod's init containers are allocated before its app
-containers. The extender places app containers only, so an init container of
-a placed pod is accepted on any of its pod's GPUs.
+containers. The extender places an init container only when it asks for more
+than the app containers together (then it is matched like an app container);
+otherwise an init container of a placed pod is accepted on any of its pod's GPUs.
 
 Pods come from a `PodSource`; the real one asks the API server through the
 ``kubernetes`` client, tests pass a list.

@@ -290,6 +290,10 @@ class MemoryPlugin:
 
     def allocate(self, device_ids: Sequence[str]) -> pb.ContainerAllocateResponse:
         parse_ids(device_ids, self.ctx.inventory, memory_units_of)
+        if device_ids and isinstance(self.ctx.pods, podlib.NoPods):  # only with --without-api-server
+            log.warning("%d %s units (%d MiB) allocated but NOT enforced: no API server to tell which "
+                        "container they are for (--without-api-server)", len(device_ids), self.resource,
+                        len(device_ids) * MEMORY_UNIT_BYTES >> 20)
         return pb.ContainerAllocateResponse()
 
     def release(self, device_ids: Sequence[str]) -> None:

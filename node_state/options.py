@@ -47,6 +47,13 @@ def log_level(text: str) -> str:
     return text.lower()
 
 
+def switch(text: str) -> bool:
+    """An on/off option: a flag without a value (present: on), or 1/true/yes, 0/false/no in env and file."""
+    if text.lower() not in ("1", "true", "yes", "0", "false", "no", ""):
+        raise ValueError("must be 1/true/yes or 0/false/no")
+    return text.lower() in ("1", "true", "yes")
+
+
 def positive_number(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -84,8 +91,12 @@ class OptionTable:
         for option in self.options:
             flag = "--" + option.name.replace("_", "-")
             default = option.default if option.default is not None else "unset"
-            parser.add_argument(flag, dest=option.name, default=None,
-                                help=f"{option.help} [env {self.env_name(option)}; default {default}]")
+            help_text = f"{option.help} [env {self.env_name(option)}; default {default}]"
+            if option.parse is switch:  # present is on
+                parser.add_argument(flag, dest=option.name, default=None, action="store_const", const="1",
+                                    help=help_text)
+            else:
+                parser.add_argument(flag, dest=option.name, default=None, help=help_text)
 
     def read_file(self, path: Path) -> dict[str, Any]:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -57,8 +58,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                            core_request=args.core, core_limit=args.core_limit)
     base = None
     if args.simulate:
-        import os
-
         from py_vcuda.sim import SimConfig
 
         sim = SimConfig(state_path=args.sim_state) if args.sim_state else SimConfig()
@@ -82,9 +81,11 @@ def cmd_lib_path(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from py_vcuda.container_check import container_report, in_container
     from py_vcuda.doctor import report
 
-    lines, status = report(simulate=args.simulate)
+    # Inside a vgpu container (the node agent set VCUDA_LEDGER): are this container's quotas in force?
+    lines, status = container_report() if in_container(os.environ) else report(simulate=args.simulate)
     print("\n".join(lines))
     return status
 
@@ -159,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("lib-path", help="print the path of libvcuda.so")
     p.set_defaults(func=cmd_lib_path)
 
-    p = sub.add_parser("doctor", help="check the CUDA driver, runtimes and the shim")
+    p = sub.add_parser("doctor", help="check the CUDA driver, runtimes and the shim; inside a vgpu container: "
+                       "preload, ledger, scheduler and limits (one line each, non-zero exit on a failure)")
     p.add_argument("--simulate", action="store_true", help="check against the GPU simulator")
     p.set_defaults(func=cmd_doctor)
 

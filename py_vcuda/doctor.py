@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,6 +164,16 @@ def intercept_check(driver_path: str | None, extra_env: dict[str, str]) -> dict[
 
 def report(simulate: bool = False) -> tuple[list[str], int]:
     """Lines to print and the exit status (1 when something is broken)."""
+    if not simulate:
+        return _report(None)
+    # A private simulator state per check: a state file left by another vcuda version
+    # (another layout) or by a concurrent doctor must not decide the verdict.
+    with tempfile.TemporaryDirectory(prefix="vcuda-doctor-", dir=runtime_dir()) as tmp:
+        return _report(Path(tmp) / "sim.state")
+
+
+def _report(sim_state: Path | None) -> tuple[list[str], int]:
+    simulate = sim_state is not None
     lines = [f"vcuda {__version__}"]
     status = 0
     try:
@@ -174,7 +185,7 @@ def report(simulate: bool = False) -> tuple[list[str], int]:
     if simulate:
         from py_vcuda.sim import SimConfig
 
-        extra = SimConfig(state_path=runtime_dir() / "doctor-sim.state").env()
+        extra = SimConfig(state_path=sim_state).env()
         lines.append("using the GPU simulator (--simulate)")
     driver_path = extra.get("VCUDA_REAL_LIBCUDA") or os.environ.get("VCUDA_REAL_LIBCUDA") or "libcuda.so.1"
     nvml_path = extra.get("VCUDA_REAL_LIBNVML") or os.environ.get("VCUDA_REAL_LIBNVML") or "libnvidia-ml.so.1"

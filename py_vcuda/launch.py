@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,26 +49,71 @@ def scheduler_dir(gpu: str, simulated: bool) -> Path:
     return runtime_dir() / f"scheduler-{'sim-' if simulated else ''}gpu-{key}"
 
 
-def ensure_scheduler(gpu: str, simulated: bool, timeout_s: float = 10.0) -> AdminClient:
-    """The GPU's local token scheduler, started (detached, outliving this run) if not running."""
+def start_scheduler(gpu: str, simulated: bool, timeout_s: float = 10.0) -> AdminClient:
+    """Start the GPU's local token scheduler (detached, outliving this run) and wait until one answers.
+
+    Safe to race: the daemon locks its directory, so of several started at once one serves
+    and the others exit (token_scheduler.dirlock); whichever serves answers here.
+    """
     directory = scheduler_dir(gpu, simulated)
-    admin = AdminClient(directory / "admin.sock")
-    try:
-        admin.call("ping", timeout_s=0.3)
-        return admin
-    except TimeoutError:
-        pass
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(directory / "scheduler.log", "ab") as log:
         subprocess.Popen([sys.executable, "-m", "token_scheduler", "--gpu", gpu, "--dir", str(directory)],
                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    admin = AdminClient(directory / "admin.sock")
     try:
         admin.wait_ready(timeout_s)
     except TimeoutError:
         admin.close()
-        log = directory / "scheduler.log"
-        raise SchedulerError(f"the token scheduler for GPU {gpu} did not start; see {log}") from None
+        log_path = directory / "scheduler.log"
+        raise SchedulerError(f"the token scheduler for GPU {gpu} did not start; see {log_path}") from None
     return admin
+
+
+def ensure_scheduler(gpu: str, simulated: bool, timeout_s: float = 10.0) -> AdminClient:
+    """The GPU's local token scheduler: the running one, else a new one (start_scheduler)."""
+    admin = AdminClient(scheduler_dir(gpu, simulated) / "admin.sock")
+    try:
+        admin.call("ping", timeout_s=0.3)
+        return admin
+    except TimeoutError:
+        admin.close()
+    return start_scheduler(gpu, simulated, timeout_s)
+
+
+class SchedulerKeeper:
+    """Keeps a run's local scheduler alive: on bare metal nobody else supervises it.
+
+    check() pings it; when it does not answer it starts a new one, which restores
+    the saved tenant list (this run included, on the same socket path), so the
+    shim reconnects by itself and the quota holds again.
+    """
+
+    PING_TIMEOUT_S = 0.5
+
+    def __init__(self, gpu: str, simulated: bool, tenant: str, request: int, limit: int,
+                 admin: AdminClient) -> None:
+        self.gpu, self.simulated = gpu, simulated
+        self.tenant, self.request, self.limit = tenant, request, limit
+        self.admin = admin
+
+    def check(self) -> None:
+        try:
+            self.admin.call("ping", timeout_s=self.PING_TIMEOUT_S)
+            return
+        except TimeoutError:
+            pass
+        print(f"vcuda run: the token scheduler for GPU {self.gpu} does not answer; starting it again",
+              file=sys.stderr)
+        self.admin.close()
+        try:
+            self.admin = start_scheduler(self.gpu, self.simulated)
+            listed = self.admin.call("list").get("tenants", [])
+            if not any(isinstance(t, dict) and t.get("tenant") == self.tenant for t in listed):
+                # Its saved list lost us (deleted, or written before our add): register again.
+                self.admin.call("add", tenant=self.tenant, request=self.request, limit=self.limit)
+        except (SchedulerError, TimeoutError) as exc:
+            print(f"vcuda run: {exc}; trying again", file=sys.stderr)  # next check retries
 
 
 def tenant_env(tenant: Tenant, base: Mapping[str, str], ledger: Path) -> dict[str, str]:
@@ -122,33 +167,39 @@ def run(command: Sequence[str], tenant: Tenant, base_env: Mapping[str, str] | No
     if tenant.ledger is not None:  # a shared ledger: readers find it through the record's directory
         own_path.symlink_to(tenant.ledger.resolve())
     env = tenant_env(tenant, base, ledger)
-    admin = None
+    keeper = None
     if tenant.core_request is not None:
+        gpu = tenant.gpu or "0"
+        limit = tenant.core_limit or tenant.core_request
         try:
-            admin = ensure_scheduler(tenant.gpu or "0", simulated=simulated)
+            admin = ensure_scheduler(gpu, simulated=simulated)
         except BaseException:
             shutil.rmtree(record_dir, ignore_errors=True)
             raise
-        reply = admin.call("add", tenant=name, request=tenant.core_request,
-                           limit=tenant.core_limit or tenant.core_request)
+        reply = admin.call("add", tenant=name, request=tenant.core_request, limit=limit)
         if not reply.get("ok"):
             admin.close()
             shutil.rmtree(record_dir, ignore_errors=True)
             raise SchedulerError(f"the token scheduler refused the compute quota: {reply.get('error')}")
         env["VCUDA_SCHEDULER"] = str(reply["endpoint"])
+        keeper = SchedulerKeeper(gpu, simulated, name, tenant.core_request, limit, admin)
     try:
-        return _supervise(command, env)
+        return _supervise(command, env, keeper.check if keeper is not None else None)
     finally:
-        if admin is not None:
+        if keeper is not None:
             with contextlib.suppress(TimeoutError):
-                admin.call("remove", tenant=name)
-            admin.close()
+                keeper.admin.call("remove", tenant=name)
+            keeper.admin.close()
         if own_ledger:
             ledger.unlink(missing_ok=True)
         shutil.rmtree(record_dir, ignore_errors=True)
 
 
-def _supervise(command: Sequence[str], env: dict[str, str]) -> int:
+# How often a run with a compute quota checks that its scheduler answers (SchedulerKeeper).
+WATCH_INTERVAL_S = 0.25
+
+
+def _supervise(command: Sequence[str], env: dict[str, str], watch: Callable[[], None] | None) -> int:
     try:
         proc = subprocess.Popen(list(command), env=env)
     except FileNotFoundError:
@@ -159,10 +210,15 @@ def _supervise(command: Sequence[str], env: dict[str, str]) -> int:
     try:
         while True:
             try:
-                status = proc.wait()
+                status = proc.wait(WATCH_INTERVAL_S if watch is not None else None)
                 break
+            except subprocess.TimeoutExpired:
+                pass
             except KeyboardInterrupt:
                 continue  # the child saw the SIGINT too; wait for it to finish
+            if watch is not None:
+                with contextlib.suppress(KeyboardInterrupt):
+                    watch()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

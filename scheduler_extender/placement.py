@@ -29,6 +29,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeVar
 
 from kube_contract.assignment import Assignment, ContainerAssignment, GPUShare
 from kube_contract.names import CORES_PER_GPU
@@ -70,6 +71,11 @@ class PodRequest:
     model_include: tuple[str, ...] = ()
     model_exclude: tuple[str, ...] = ()
     tags: Tags = field(default_factory=Tags)
+    # App containers that run on the devices of the init container in containers[0]: kubelet hands
+    # an init container's devices on to the app containers after it, so they go on its GPU and add
+    # nothing to what the pod holds there (podspec.parse_pod, held_per_gpu).
+    riders: tuple[ContainerRequest, ...] = ()
+    lead_memory: int = 0    # with riders: the init container's own memory (containers[0] reserves the max)
 
 
 class GPU:
@@ -185,12 +191,34 @@ class Share:
     memory: int
 
 
+K = TypeVar("K")  # how a GPU is named: index on a node, or UUID in an assignment
+
+
+def held_per_gpu(shares: Iterable[tuple[bool, K, int, int]]) -> dict[K, tuple[int, int]]:
+    """Cores and memory a pod holds per GPU from (is init container, GPU, cores, memory) shares.
+
+    kube-scheduler's rule, per GPU: init containers run one at a time before the app containers,
+    which reuse their devices, so a pod holds max(largest init container, sum of app containers).
+    """
+    init: dict[K, tuple[int, int]] = {}
+    apps: dict[K, tuple[int, int]] = {}
+    for is_init, gpu, cores, memory in shares:
+        c, m = (init if is_init else apps).get(gpu, (0, 0))
+        if is_init:
+            init[gpu] = (max(c, cores), max(m, memory))
+        else:
+            apps[gpu] = (c + cores, m + memory)
+    return {g: (max(init.get(g, (0, 0))[0], apps.get(g, (0, 0))[0]),
+                max(init.get(g, (0, 0))[1], apps.get(g, (0, 0))[1])) for g in {**init, **apps}}
+
+
 @dataclass(slots=True)  # not frozen: built per node per pod, init cost matters
 class Placement:
     node: str
     containers: tuple[tuple[str, tuple[Share, ...]], ...]
     score: float  # 0..1, higher is better under the pod's policy
     opened: int  # GPUs without tenants that now get a fractional share
+    init: frozenset[str] = frozenset()  # which of containers are init containers
 
     def to_assignment(self) -> Assignment:
         return Assignment(
@@ -204,12 +232,8 @@ class Placement:
 
     def gpu_totals(self) -> dict[int, tuple[int, int]]:
         """Cores and memory per GPU index this pod takes (containers may share a GPU)."""
-        totals: dict[int, tuple[int, int]] = {}
-        for _, shares in self.containers:
-            for s in shares:
-                c, m = totals.get(s.index, (0, 0))
-                totals[s.index] = (c + s.cores, m + s.memory)
-        return totals
+        return held_per_gpu((name in self.init, s.index, s.cores, s.memory)
+                            for name, shares in self.containers for s in shares)
 
 
 @dataclass(slots=True)  # not frozen: built per node per pod, init cost matters
@@ -265,6 +289,23 @@ def place(node: NodeGPUs, pod: PodRequest) -> Placement | Unfit:
 
 def placer(pod: PodRequest) -> Callable[[NodeGPUs], Placement | Unfit]:
     """``place`` for one pod, with the per-pod checks done once (for many nodes)."""
+    if pod.riders:
+        lead = _placer(pod)
+        return lambda node: _with_riders(lead(node), pod)
+    return _placer(pod)
+
+
+def _with_riders(result: Placement | Unfit, pod: PodRequest) -> Placement | Unfit:
+    """The init container's placement, with the app containers that reuse its devices on its GPU."""
+    if isinstance(result, Unfit):
+        return result
+    (name, (share,)), = result.containers
+    riders = tuple((r.name, (Share(share.index, share.uuid, r.cores, r.memory),)) for r in pod.riders)
+    lead = (name, (Share(share.index, share.uuid, share.cores, pod.lead_memory),))
+    return Placement(result.node, (lead, *riders), result.score, result.opened, frozenset({name}))
+
+
+def _placer(pod: PodRequest) -> Callable[[NodeGPUs], Placement | Unfit]:
     if not pod.containers:
         return lambda node: Placement(node.name, (), 0.5, 0)
     if (len(pod.containers) == 1 and not pod.containers[0].whole_cards

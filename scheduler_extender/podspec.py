@@ -81,9 +81,24 @@ def parse_pod(pod: dict[str, Any], names: Names,
               default_policy: Policy = Policy.BINPACK) -> PodRequest:
     """Read the pod's GPU requests, policy, model filter and tags; raises PodSpecError."""
     spec = pod.get("spec") or {}
-    # Init containers run before the app containers; GPU shares are given to app containers.
     containers = tuple(r for c in spec.get("containers") or []
                        if (r := container_request(c, names)) is not None)
+    inits = [r for c in spec.get("initContainers") or [] if (r := container_request(c, names)) is not None]
+    lead = max(inits, key=lambda r: r.cores, default=None)
+    riders: tuple[ContainerRequest, ...] = ()
+    lead_memory = 0
+    if lead is not None and lead.cores > sum(c.cores for c in containers):
+        # kube-scheduler counts the pod as its largest init container here; kubelet gives that
+        # container's devices to the app containers after it, so they all run on its GPU.
+        if lead.whole_cards:
+            raise PodSpecError(f"init container {lead.name!r}: {names.core_resource}={lead.cores} is more "
+                               "than the app containers ask for together; vcuda cannot place whole-GPU "
+                               "init containers larger than their pod's app containers")
+        if any(c.whole_cards for c in containers):
+            raise PodSpecError(f"init container {lead.name!r} asks for more cores than app containers "
+                               "that include whole GPUs")
+        riders, containers, lead_memory = containers, (ContainerRequest(
+            lead.name, lead.cores, max(lead.memory, sum(c.memory for c in containers))),), lead.memory
     raw_policy = meta_value(pod, names.policy)
     if raw_policy is None:
         policy = default_policy
@@ -99,6 +114,8 @@ def parse_pod(pod: dict[str, Any], names: Names,
         model_include=_words(meta_value(pod, names.model_include)),
         model_exclude=_words(meta_value(pod, names.model_exclude)),
         tags=pod_tags(pod, names),
+        riders=riders,
+        lead_memory=lead_memory,
     )
 
 

@@ -22,7 +22,7 @@ from kube_contract.names import Names
 from kube_contract.topology import NodeTopology, TopologyError
 from kube_contract.topology import decode as decode_topology
 
-from .placement import NodeGPUs, Placement, PodRequest, Tags, Unfit, place, placer
+from .placement import NodeGPUs, Placement, PodRequest, Tags, Unfit, held_per_gpu, place, placer
 from .podspec import is_terminal, pod_ref, pod_tags, pod_uid
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,10 @@ class ClusterState:
                                 self.names.assignment, e)
                     assignment = None
                 if assignment is not None and assignment.node == node:
-                    rec = _Record(uid, pod_ref(pod), node, assignment.gpu_totals(),
+                    inits = {c.get("name") for c in (pod.get("spec") or {}).get("initContainers") or []}
+                    held = held_per_gpu((c.name in inits, g.uuid, g.cores, g.memory)
+                                        for c in assignment.containers for g in c.gpus)
+                    rec = _Record(uid, pod_ref(pod), node, held,
                                   pod_tags(pod, self.names), None)
                     old = self._records.get(uid)
                     if old is None or old.reserved_at is not None or not old.same_usage(rec):

@@ -13,11 +13,13 @@ from pathlib import Path
 from types import FrameType
 
 from .daemon import Daemon
+from .dirlock import DirectoryBusy
 from .duration import parse_duration
 from .policy import PolicyConfig
 from .state import StateError
 
 log = logging.getLogger("token_scheduler")
+EXIT_BUSY = 3  # another scheduler already serves --dir
 
 
 def _duration(text: str) -> int:
@@ -67,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     try:
         daemon.start()
+    except DirectoryBusy as exc:  # lost a start-up race, or started twice: the other one serves
+        log.info("not starting: %s", exc)
+        daemon.close()
+        return EXIT_BUSY
     except (StateError, OSError, ValueError) as exc:
         log.error("cannot start: %s", exc)
         daemon.close()
@@ -80,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m token_scheduler",
-                                     description="per-GPU token scheduler (vcuda)")
+    parser = argparse.ArgumentParser(
+        prog="python -m token_scheduler", description="per-GPU token scheduler (vcuda)",
+        epilog=f"One scheduler per --dir: a second one exits with status {EXIT_BUSY}.")
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import zmq
 
-from . import admin, state, wire
+from . import admin, dirlock, state, wire
 from .errors import ErrorCode, PolicyError
 from .policy import Policy, PolicyConfig, validate_quota
 from .wire import MsgType, WireError
@@ -92,14 +92,19 @@ class Daemon:
         self._epoll = select.epoll()
         self._admin: zmq.Socket | None = None
         self._admin_fd = -1
+        self._lock_fd = -1
         self.idle_poll_ms = IDLE_POLL_MS
 
     # --- lifecycle -------------------------------------------------------------
 
     def start(self) -> None:
-        """Create DIR, restore saved tenants, bind every socket."""
+        """Create and lock DIR, restore saved tenants, bind every socket.
+
+        Raises dirlock.DirectoryBusy, before touching DIR's contents, if another daemon serves it.
+        """
         self.directory.mkdir(parents=True, exist_ok=True)
         os.chmod(self.directory, 0o700)  # admin socket and state are root's alone
+        self._lock_fd = dirlock.acquire(self.directory)
         (self.directory / "tenants").mkdir(exist_ok=True)
         for spec in state.load(self.directory, self.gpu):
             self.policy.add_tenant(spec.name, spec.request, spec.limit)
@@ -128,6 +133,9 @@ class Daemon:
         self._epoll.close()
         if self._own_context:
             self.context.term()
+        if self._lock_fd >= 0:  # last: a successor may take DIR only once our sockets are gone
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def serve(self, should_stop: Callable[[], bool]) -> None:
         """Run the event loop until should_stop() is true (checked every turn)."""

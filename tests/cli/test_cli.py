@@ -3,29 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from vcudacli import vcuda
 
 from py_vcuda.doctor import Runtime, judge
 from py_vcuda.ledger import Ledger, LedgerError
 from py_vcuda.quantity import QuantityError, format_bytes, parse_quantity
 
 MiB = 1 << 20
-
-
-def vcuda(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    keep = {"VCUDA_LIB_DIR"}  # where the libraries are; nothing else of a caller's vcuda setup
-    full = {k: v for k, v in os.environ.items() if (not k.startswith("VCUDA_") or k in keep) and k != "LD_PRELOAD"}
-    full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "py_vcuda", *args], env=full, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -73,15 +61,6 @@ def test_run_shares_a_ledger_and_removes_its_own(tmp_path: Path) -> None:
         (dev,) = led.devices()
         assert dev.limit == 1 << 30
         assert dev.used == 0  # the process is gone and gave everything back
-
-
-@pytest.fixture
-def runtime_env() -> Iterator[dict[str, str]]:
-    """A private runtime dir; token schedulers started under it are stopped afterwards."""
-    short = Path(tempfile.mkdtemp(prefix="vc", dir="/tmp"))  # unix socket paths are limited to 107 bytes
-    yield {"XDG_RUNTIME_DIR": str(short)}
-    subprocess.run(["pkill", "-f", f"token_scheduler --gpu 0 --dir {short}/"], check=False)
-    shutil.rmtree(short, ignore_errors=True)
 
 
 def test_run_with_a_compute_quota(tmp_path: Path, runtime_env: dict[str, str]) -> None:

@@ -1,4 +1,5 @@
-"""The vgpu agent publishes its GPUs and NVLink as the node annotation vcuda.io/gpu-topology,
+"""The vgpu agent publishes its GPUs and NVLink as the node annotation vcuda.io/gpu-topology
+(and every agent the bare cuda-major-version / cuda-minor-version labels),
 through the kubernetes client against a fake API server, retrying while that fails; the
 extender's own reader accepts what it wrote."""
 
@@ -47,9 +48,9 @@ def test_encode_carries_gpus_numa_and_nvlink_counts(dp):
 
 def test_agent_publishes_after_the_api_server_recovers(agent_factory, kubelet, dp, api):
     api.fail_requests = 2   # the API server is not there yet: the agent serves kubelet anyway and retries
-    agent = agent_factory("vgpu", gpus=2, annotate_node=KubeNode(core_api(api), dp.NODE).annotate)
+    agent = agent_factory("vgpu", gpus=2, patch_node=KubeNode(core_api(api), dp.NODE).patch)
     assert len(kubelet.latest_devices("tencent.com/vcuda-core")) == 200
-    assert agent.topology is not None and agent.topology.published.wait(60)
+    assert agent.node_publisher is not None and agent.node_publisher.published.wait(60)
     patches = [r for r in api.requests if r.method == "PATCH"]
     assert len(patches) == 3 and all(r.path == f"/api/v1/nodes/{dp.NODE}" for r in patches)
     state = ClusterState(Names())
@@ -59,9 +60,9 @@ def test_agent_publishes_after_the_api_server_recovers(agent_factory, kubelet, d
 
 
 def test_pgpu_agent_publishes_nothing(agent_factory, kubelet, dp, api):
-    agent = agent_factory("pgpu", gpus=2, annotate_node=KubeNode(core_api(api), dp.NODE).annotate)
+    agent = agent_factory("pgpu", gpus=2, patch_node=KubeNode(core_api(api), dp.NODE).patch)
     kubelet.latest_devices("nvidia.com/gpu")
-    assert agent.topology is None and api.requests == []
+    assert agent.node_publisher is None and api.requests == []
 
 
 def test_real_agent_process_uses_the_api_server(kubelet, short_dir, dp, api):
@@ -85,3 +86,46 @@ def test_real_agent_process_uses_the_api_server(kubelet, short_dir, dp, api):
         log = dp.stop_plugin(proc, short_dir)
     assert proc.returncode == 0, log
     assert "allocated" in log and "default/app:main" in log, log
+
+
+def node_selector_matches(labels: dict[str, str], requirement: dict) -> bool:  # type: ignore[type-arg]
+    """One nodeSelectorRequirement, as kube-scheduler evaluates it (k8s.io/component-helpers nodeaffinity)."""
+    key, op, values = requirement["key"], requirement["operator"], requirement.get("values", [])
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    if key not in labels:
+        return op == "NotIn"
+    value = labels[key]
+    if op in ("In", "NotIn"):
+        return (value in values) == (op == "In")
+    (bound,) = values   # Gt / Lt: one integer, and the label must parse as one
+    try:
+        return int(value) > int(bound) if op == "Gt" else int(value) < int(bound)
+    except ValueError:
+        return False
+
+
+# The platform documentation's example: CUDA 12 with at least minor 4.
+DOCUMENTED_AFFINITY = [{"key": "cuda-major-version", "operator": "In", "values": ["12"]},
+                       {"key": "cuda-minor-version", "operator": "Gt", "values": ["3"]}]
+
+
+@pytest.mark.parametrize(("driver", "matches"), [(12040, True), (12020, False), (13000, False)])
+def test_documented_node_affinity_matches_the_node_labels(kubelet, short_dir, dp, api, driver, matches):
+    """The agent puts the seeds' bare cuda-major-version / cuda-minor-version labels on its Node (besides
+    the NFD feature file), so the nodeAffinity users copy from the documentation selects the node."""
+    sim = SimConfig(state_path=short_dir / "sim", devices=1, memory=2 * GiB, driver_version=driver)
+    features = short_dir / "features" / "vcuda"
+    proc = dp.spawn_plugin(short_dir, sim, "--mode", "pgpu", "--features-file", str(features),
+                           "--kubeconfig", str(api.kubeconfig(short_dir / "kubeconfig")))
+    try:
+        labels = dp.wait_for(lambda: api.get("nodes", dp.NODE)["metadata"].get("labels"), what="node labels")
+        dp.wait_for(features.exists, what="NFD feature file")
+    finally:
+        log = dp.stop_plugin(proc, short_dir)
+    assert proc.returncode == 0, log
+    assert labels == {"cuda-major-version": str(driver // 1000), "cuda-minor-version": str(driver % 1000 // 10)}
+    assert all(node_selector_matches(labels, r) for r in DOCUMENTED_AFFINITY) == matches
+    assert f"vcuda.io/cuda-major-version={driver // 1000}\n" in features.read_text()   # NFD's file stays

@@ -75,7 +75,8 @@ def test_device_board_wakes_waiters():
 def test_real_agent_process_on_simulated_nvml(kubelet, short_dir, dp, mode, resource, count):
     sim = SimConfig(state_path=short_dir / "sim", devices=2, memory=2 * GiB)
     features = short_dir / "features" / "vcuda"
-    proc = dp.spawn_plugin(short_dir, sim, "--mode", mode, "--features-file", str(features))
+    no_api = ("--without-api-server",) if mode == "vgpu" else ()   # the test has no API server
+    proc = dp.spawn_plugin(short_dir, sim, "--mode", mode, "--features-file", str(features), *no_api)
     try:
         devices = kubelet.latest_devices(resource)
         assert len(devices) == count

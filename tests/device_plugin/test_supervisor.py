@@ -80,7 +80,7 @@ def children(pid: int) -> list[int]:
 
 def test_schedulers_end_when_the_agent_is_killed(kubelet, short_dir, dp):
     sim = SimConfig(state_path=short_dir / "sim", devices=2, memory=2 * GiB)
-    proc = dp.spawn_plugin(short_dir, sim, "--mode", "vgpu")
+    proc = dp.spawn_plugin(short_dir, sim, "--mode", "vgpu", "--without-api-server")
     try:
         kubelet.latest_devices("tencent.com/vcuda-core")   # registered: both schedulers answered
         scheds = dp.wait_for(lambda: [c for c in children(proc.pid) if alive(c)], what="scheduler processes")

@@ -1,18 +1,17 @@
-"""deploy/dra manifests parse, fit the Kubernetes schemas and agree with the code: the driver's flags
-and defaults, host paths, driver and capacity names, the opaque config, and RBAC, which must grant
-exactly the calls the driver makes (read from its code, and seen at a fake API server)."""
+"""deploy/dra manifests fit the Kubernetes schemas (kustomize renders them: tests/deploy) and agree
+with the code: the driver's flags and defaults, host paths, driver and capacity names, the opaque
+config, and RBAC, which must grant exactly the calls the driver makes (read from its code, and seen
+at a fake API server)."""
 
 from __future__ import annotations
 
 import argparse
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+from k8s_schema import schema_problem
 
 from dra_driver import config, names
 from dra_driver.claims import parse_claim, plan
@@ -45,39 +44,13 @@ def driver_container(ds: dict[str, Any]) -> dict[str, Any]:
     return c
 
 
-def roundtrips(doc: dict[str, Any]) -> bool:
-    """Through the kubernetes client's models and back: a misspelt or misplaced field is dropped on the
-    way in (so the round trip differs), a missing required one raises."""
-    from kubernetes.client import ApiClient
-
-    api = ApiClient()
-    obj = api._ApiClient__deserialize(doc, f"V1{doc['kind']}")  # the client's own loader
-    return api.sanitize_for_serialization(obj) == doc
-
-
 def test_every_manifest_fits_the_kubernetes_schema() -> None:
     docs = manifests()
     assert {d["kind"] for _, d in docs} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet",
                                             "DeviceClass", "ResourceClaimTemplate", "Pod"}
     for f, doc in docs:
         assert doc["metadata"]["name"], f
-        assert roundtrips(doc), f"{f}: {doc['kind']}"
-
-
-def test_kustomization_installs_the_driver_not_the_examples() -> None:
-    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
-    assert sorted(kustomization["resources"]) == sorted(p.name for p in DEPLOY.glob("*.yaml")
-                                                        if p.name != "kustomization.yaml")
-
-
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl (kustomize is built in)")
-def test_kustomize_renders_schema_valid_objects() -> None:
-    out = subprocess.run(["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60,
-                         check=True).stdout
-    docs = [d for d in yaml.safe_load_all(out) if d]
-    assert sorted(d["kind"] for d in docs) == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "DeviceClass",
-                                                "DeviceClass", "ServiceAccount"]
-    assert all(roundtrips(d) for d in docs)
+        assert schema_problem(doc) is None, f"{f}: {schema_problem(doc)}"
 
 
 def test_daemonset_args_pass_the_drivers_parser_with_its_defaults() -> None:
@@ -163,6 +136,8 @@ def test_example_templates_ask_for_what_their_comments_say() -> None:
     (w,) = plan(parse_claim(allocated(whole, "100", str(80 * GiB))), lambda r: card)
     assert (w.core_request, w.memory_limit, w.fractional) == (100, None, False)
     for f in (DEPLOY / "examples").glob("*.yaml"):
+        if f.name == "kustomization.yaml":
+            continue
         pod = only("Pod", f)
         template = only("ResourceClaimTemplate", f)
         (claim,) = pod["spec"]["resourceClaims"]

@@ -356,3 +356,24 @@ def test_text_rendering_escapes_label_values() -> None:
     families = list(text_string_to_metric_families(metrics_text.render(metrics).decode()))
     containers = {s.labels["container"] for f in families for s in f.samples if "container" in s.labels}
     assert odd.container in containers
+
+
+def test_gzip_when_the_scraper_accepts_it(node: Node, exporter: int) -> None:
+    """Prometheus sends Accept-Encoding: gzip; the body then comes compressed, and says so."""
+    import gzip
+
+    def get(headers: dict[str, str]) -> tuple[str | None, bytes]:
+        req = urllib.request.Request(f"http://127.0.0.1:{exporter}/metrics", headers=headers)
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            body = resp.read()
+            assert int(resp.headers["Content-Length"]) == len(body)
+            return resp.headers.get("Content-Encoding"), body
+
+    encoding, packed = get({"Accept-Encoding": "deflate, gzip;q=0.9"})
+    assert encoding == "gzip"
+    plain_encoding, plain = get({})
+    assert plain_encoding is None
+    text = gzip.decompress(packed).decode()
+    series = [line.partition(" ")[0] for line in text.splitlines() if not line.startswith("#")]
+    assert series == [line.partition(" ")[0] for line in plain.decode().splitlines() if not line.startswith("#")]
+    assert len(packed) < len(plain) / 4

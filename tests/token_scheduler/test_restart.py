@@ -114,3 +114,23 @@ def test_help_lists_options() -> None:
     for option in ("--gpu", "--dir", "--window", "--quantum-min", "--quantum-max", "--grace",
                    "--log-level"):
         assert option in out
+
+
+def test_a_second_daemon_on_the_directory_exits(short_dir: Path, zctx: zmq.Context) -> None:
+    """One daemon per directory: a second exits (status 3) and leaves the first one's sockets alone."""
+    directory = short_dir / "sched"
+    proc, admin = start(directory, zctx)
+    try:
+        endpoint = admin.call("add", tenant="t", request=50)["endpoint"]
+        second = spawn_daemon(directory)
+        assert second.wait(20) == 3
+        assert admin.call("list", timeout_s=2)["tenants"][0]["tenant"] == "t"
+        client = TenantClient(str(endpoint), zctx)
+        client.acquire(3)  # the first daemon still serves the tenant's socket
+    finally:
+        proc.kill()
+        proc.wait(10)
+    # The lock dies with its holder: a successor starts at once.
+    proc, admin = start(directory, zctx)
+    proc.terminate()
+    assert proc.wait(10) == 0

@@ -2,10 +2,10 @@
 schedulers, health, the ResourceSlice publisher and the exporter, and takes them down
 in reverse.
 
-The node-side pieces are the device plugin's (node_state.layout, containers,
-schedulers, supervisor, health, metrics): a node runs either the device plugin
-or the DRA driver on a state directory, and its containers look the same to the
-exporter and `vcuda top` either way. Hardware and cluster come in as objects
+The node-side pieces are node_state's, as the device plugin's are (layout,
+containers, tenancy, schedulers, supervisor, gpus, health, metrics): a node runs
+either the device plugin or the DRA driver on a state directory, and its
+containers look the same to the exporter and `vcuda top` either way. Hardware and cluster come in as objects
 (inventory, NVML, the API, the health monitor factory) so tests run the same
 wiring on the simulator and fakes.
 """

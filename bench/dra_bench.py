@@ -9,6 +9,9 @@
    (HTTP on loopback), the container directory and ledger, the tenant's
    registration with the GPU's token scheduler (8 real scheduler processes),
    the checkpoint and the CDI spec (both fsynced). Unprepare latency beside it.
+   In the same run, vgpu Allocate of the same containers (bench/plugin_bench.py's
+   measurement), which shares the directory and tenant set-up: the ratio of the
+   two p99s holds when the machine is busy and the absolute figures do not.
 2. Slice republish time: a GPU turns unhealthy (the health monitor's callback)
    until the API server holds the node's slice without it (a new pool
    generation); then healthy again until it is back. `--toggles` of each.
@@ -30,6 +33,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(1, str(REPO / "bench"))
+
+import plugin_bench  # noqa: E402
 
 from dra_driver import config, testing  # noqa: E402
 from dra_driver.agent import DriverAgent  # noqa: E402
@@ -45,9 +51,7 @@ NODE = testing.NODE
 GOAL_PREPARE_P99_MS = 20.0
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+percentile = plugin_bench.percentile
 
 
 def summary(values: list[float]) -> str:
@@ -154,11 +158,21 @@ def main() -> int:
     finally:
         rig.close()
         shutil.rmtree(root, ignore_errors=True)
+    allocate: list[float] = []
+    if args.gpus == plugin_bench.GPUS:
+        root = Path(tempfile.mkdtemp(prefix="vcdp", dir="/tmp"))
+        try:
+            allocate = plugin_bench.allocate_latency(root, args.gpus * args.claims_per_gpu)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
     p99 = percentile(prepare, 99)
     print(f"DRA driver, {args.gpus} simulated GPUs x {args.claims_per_gpu} share claims, state in {root.parent}")
     print(f"  NodePrepareResources    {summary(prepare)}   goal p99 <= {GOAL_PREPARE_P99_MS:.0f} ms: "
           f"{'met' if p99 <= GOAL_PREPARE_P99_MS else 'MISSED'}")
     print(f"  NodeUnprepareResources  {summary(unprepare)}")
+    if allocate:
+        print(f"  vgpu Allocate, same run {summary(allocate)}   prepare p99 / Allocate p99: "
+              f"{p99 / percentile(allocate, 99):.2f}")
     print(f"  slice without a GPU that turned unhealthy   {summary(down)}")
     print(f"  slice with the GPU back after recovery      {summary(up)}")
     return 0

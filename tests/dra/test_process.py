@@ -1,6 +1,6 @@
 """The real `python -m dra_driver` process on the simulator's NVML: it registers with the test kubelet,
-publishes the simulated GPUs, prepares a claim, and stops on SIGTERM; bad configuration stops it
-with one clear line."""
+publishes the simulated GPUs, takes a GPU with a critical XID out of its slice, prepares a claim,
+and stops on SIGTERM; bad configuration stops it with one clear line."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from dra_driver import testing as t
 from node_state.testing import wait_for
 from py_vcuda import native
-from py_vcuda.sim import GiB, SimConfig
+from py_vcuda.sim import GiB, SimConfig, SimReader
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = t.NODE
@@ -42,6 +42,10 @@ def test_driver_process_serves_and_stops(short_dir, api, kubelet):
         entry = kubelet.prepare(claim).claims[claim["metadata"]["uid"]]
         assert entry.error == "" and entry.devices[0].device_name == "gpu-1"
         assert (short_dir / "cdi" / f"gpu.vcuda.io-claim_{claim['metadata']['uid']}.json").is_file()
+        with SimReader(sim.state_path) as reader:   # the XID health code's verdict reaches the slice
+            reader.inject_xid(1, 79)
+        wait_for(lambda: [d["name"] for d in api.get("resourceslices", f"{NODE}-gpu.vcuda.io")["spec"]["devices"]]
+                 == ["gpu-0"], 30, "gpu-1 to leave the slice after XID 79")
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=60)

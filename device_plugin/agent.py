@@ -32,7 +32,9 @@ from node_state.metrics import start_exporter
 from node_state.schedulers import TokenScheduler
 from node_state.supervisor import Child, Supervisor
 from py_vcuda import native
+from py_vcuda.memory_reconciler import Account, MemoryReconciler
 from py_vcuda.nvml import NVML
+from py_vcuda.procfs import ProcFS
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,10 @@ class Agent:
         self.reconciler = Reconciler(self.store, self.schedulers, pods, names=self.names, node=config.node_name,
                                      in_use=in_use, grace_s=config.cleanup_grace_s, interval_s=config.resync_s)
         self.pod_watch = pod_watch(self.reconciler.wake) if pod_watch else None
+        # vGPU containers share GPUs: their ledgers must also hold what NVML sees and no hook charged.
+        self.memory_reconciler = MemoryReconciler(
+            self._memory_accounts, nvml, procfs=ProcFS(config.host_proc), interval_s=config.memory_reconcile_s,
+        ) if nvml is not None and config.mode == "vgpu" else None
         # The extender places vgpu requests only: the other modes have nothing to tell it.
         metadata: dict[str, dict[str, str]] = {}
         if config.mode == "vgpu":
@@ -96,6 +102,10 @@ class Agent:
         children.extend(daemons.values())
         return [mps.MPSPlugin(self.inventory, self.health, self.store, daemons)]
 
+    def _memory_accounts(self) -> list[Account]:
+        return [Account(key=r.key, ledger=self.layout.ledger_path(r.key), gpus=r.gpus, pod_uid=r.pod_uid)
+                for r in self.store.records() if r.mode == "vgpu"]
+
     def start(self) -> None:
         self.config.device_plugin_dir.mkdir(parents=True, exist_ok=True)
         self.layout.containers.mkdir(parents=True, exist_ok=True)
@@ -108,6 +118,8 @@ class Agent:
             self.node_publisher.start()
         self._start_exporter()
         self.reconciler.start()
+        if self.memory_reconciler is not None:
+            self.memory_reconciler.start()
         if self.pod_watch is not None:
             self.pod_watch.start()
         log.info("%s agent running on node %s with %d GPU(s)", self.config.mode, self.config.node_name,
@@ -117,6 +129,8 @@ class Agent:
         if self.pod_watch is not None:
             self.pod_watch.stop()
         self.reconciler.stop()
+        if self.memory_reconciler is not None:
+            self.memory_reconciler.stop()
         if self.node_publisher is not None:
             self.node_publisher.stop()
         if self._stop_exporter is not None:
@@ -140,4 +154,5 @@ class Agent:
             return
         self._stop_exporter = start_exporter(
             port=self.config.metrics_port, layout=self.layout, mode=self.config.mode, node=self.config.node_name,
-            pod_resources_socket=self.config.pod_resources_socket, nvml=self.nvml)
+            pod_resources_socket=self.config.pod_resources_socket, nvml=self.nvml,
+            memory_reconciler=self.memory_reconciler)

@@ -28,6 +28,8 @@ Environment variables (all optional):
 ``VCUDA_PLUGIN_RESYNC_S``          seconds between quota/cleanup passes (30)
 ``VCUDA_PLUGIN_CLEANUP_GRACE_S``   seconds before an unused container dir goes (60)
 ``VCUDA_PLUGIN_LOG_LEVEL``         debug, info, warning, error
+``VCUDA_PLUGIN_MEMORY_RECONCILE_S`` seconds between memory reconciler passes (0.5, at most 1)
+``VCUDA_PLUGIN_HOST_PROC``         the host's /proc (/proc: the agent runs with hostPID)
 =================================  ===========================================
 """
 
@@ -67,6 +69,13 @@ def _domain(text: str) -> str:
     return text
 
 
+def _reconcile_interval(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError("must be > 0 and at most 1 (the reconciler runs at least once a second)")
+    return value
+
+
 OPTIONS: tuple[Option, ...] = (
     Option("mode", None, _mode, "vgpu (shared GPUs), pgpu (whole GPUs) or mps"),
     Option("device_plugin_dir", Path("/var/lib/kubelet/device-plugins"), Path,
@@ -95,6 +104,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("cleanup_grace_s", 60.0, positive_number,
            "seconds a container's devices may be missing from pod-resources before its directory goes"),
     Option("log_level", "info", log_level, "debug, info, warning or error"),
+    Option("memory_reconcile_s", 0.5, _reconcile_interval,
+           "seconds between memory reconciler passes (NVML per-process use vs ledgers), at most 1"),
+    Option("host_proc", Path("/proc"), Path, "the host's /proc, to map NVML's host pids to containers"),
 )
 
 
@@ -117,6 +129,8 @@ class PluginConfig:
     resync_s: float
     cleanup_grace_s: float
     log_level: str
+    memory_reconcile_s: float = 0.5
+    host_proc: Path = Path("/proc")
 
 
 TABLE = OptionTable(OPTIONS, ENV_PREFIX, {"node_name": "NODE_NAME"})

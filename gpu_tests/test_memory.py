@@ -388,9 +388,16 @@ HOOKED = [
     "cuMemGetInfo", "cuDeviceTotalMem", "cuArrayCreate", "cuArray3DCreate", "cuArrayDestroy",
     "cuMipmappedArrayCreate", "cuMipmappedArrayDestroy", "cuCtxCreate", "cuCtxDestroy",
     "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset",
+    # what the driver holds beyond the pointers (issue 12)
+    "cuMemPoolCreate", "cuMemPoolDestroy", "cuMemPoolTrimTo", "cuMemPoolSetAttribute", "cuDeviceSetMemPool",
+    "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cuModuleGetFunction", "cuKernelGetFunction",
+    "cuLibraryGetKernel", "cuCtxSetLimit", "cuStreamBeginCapture", "cuStreamEndCapture", "cuGraphInstantiate",
+    "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithParams", "cuGraphUpload", "cuGraphExecDestroy",
+    "cuGraphDestroy", "cuGraphAddMemAllocNode", "cuDeviceGraphMemTrim",
 ]
 # Names vcuda does not hook: they must come back as the driver's own functions.
-PASSED_THROUGH = ["cuDeviceGetName", "cuMemcpyHtoD", "cuStreamSynchronize", "cuMemsetD8"]
+PASSED_THROUGH = ["cuDeviceGetName", "cuMemcpyHtoD", "cuMemsetD8", "cuMemPoolGetAttribute", "cuCtxGetLimit",
+                  "cuIpcOpenMemHandle", "cuMemImportFromShareableHandle", "cuMemMap"]
 
 PROC_ADDRESS = """
 import ctypes, json

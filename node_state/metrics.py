@@ -22,6 +22,7 @@ from kube_contract.podresources import PodResourcesClient
 from node_state import metrics_text
 from node_state.layout import NodeLayout
 from node_state.metrics_snapshot import ContainerGPU, NodeReader, NodeSnapshot, allocated, gpu_modes
+from py_vcuda.memory_reconciler import MemoryReconciler
 from py_vcuda.nvml import NVML
 
 GPU_LABELS = ["node", "gpu", "uuid", "mode"]
@@ -119,6 +120,10 @@ def _container_metrics(f: _Families, snap: NodeSnapshot, c: ContainerGPU) -> Non
     if c.memory_peak is not None:
         f.gauge("vcuda_container_memory_peak_bytes", "Most device memory ever in use (ledger)",
                 CONTAINER_LABELS).add_metric(labels, c.memory_peak)
+    if c.memory_unattributed is not None:
+        f.gauge("vcuda_container_memory_unattributed_bytes", "Device memory its processes hold that no hook "
+                "charged (memory reconciler; part of memory_used)", CONTAINER_LABELS).add_metric(
+            labels, c.memory_unattributed)
     if c.oom_denials is not None:
         f.counter("vcuda_container_oom_denials", "Allocations refused at the memory limit",
                   CONTAINER_LABELS).add_metric(labels, c.oom_denials)
@@ -148,11 +153,25 @@ def _le(bound: float) -> str:
     return repr(float(bound))
 
 
+def reconciler_metrics(node: str, reconciler: MemoryReconciler) -> list[Metric]:
+    """The memory reconciler's own figures: what it could not map, how long a pass takes."""
+    unmapped = CounterMetricFamily("vcuda_reconciler_unmapped_pids", "GPU processes the memory reconciler "
+                                   "could not map to a container, or ledger slots no GPU process mapped to",
+                                   labels=["node", "container", "reason"])
+    for (container, reason), n in sorted(reconciler.unmapped_counts().items()):
+        unmapped.add_metric([node, container, reason], n)
+    duration = GaugeMetricFamily("vcuda_reconciler_pass_duration_seconds", "How long the last memory "
+                                 "reconciler pass took", labels=["node"])
+    duration.add_metric([node], reconciler.last_pass_s)
+    return [unmapped, duration]
+
+
 class NodeCollector(Collector):
     """Reads a fresh snapshot on each scrape; scrapes are serialised (the reader keeps sockets)."""
 
-    def __init__(self, reader: NodeReader) -> None:
+    def __init__(self, reader: NodeReader, memory_reconciler: MemoryReconciler | None = None) -> None:
         self.reader = reader
+        self.memory_reconciler = memory_reconciler
         self._lock = threading.Lock()
         self._last_scrape_s: float | None = None
 
@@ -161,6 +180,8 @@ class NodeCollector(Collector):
             start = time.perf_counter()
             snap = self.reader.snapshot()
             metrics = snapshot_metrics(snap, self._last_scrape_s)
+            if self.memory_reconciler is not None:
+                metrics += reconciler_metrics(snap.node, self.memory_reconciler)
             self._last_scrape_s = time.perf_counter() - start
         return metrics
 
@@ -169,7 +190,8 @@ class NodeCollector(Collector):
 
 
 def start_exporter(*, port: int, addr: str = "", layout: NodeLayout, mode: str, node: str,
-                   pod_resources_socket: Path | None, nvml: NVML | None) -> Callable[[], None]:
+                   pod_resources_socket: Path | None, nvml: NVML | None,
+                   memory_reconciler: MemoryReconciler | None = None) -> Callable[[], None]:
     """Serve `/metrics` on addr:port (port 0: any free port) until the returned function is called.
 
     The bound port is on the returned function as `.port`.
@@ -177,7 +199,7 @@ def start_exporter(*, port: int, addr: str = "", layout: NodeLayout, mode: str, 
     pod_resources = PodResourcesClient(pod_resources_socket) if pod_resources_socket else None
     reader = NodeReader(layout, mode=mode, node=node, nvml=nvml, pod_resources=pod_resources)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(reader))
+    registry.register(NodeCollector(reader, memory_reconciler))
     server, thread = metrics_text.serve(addr or "0.0.0.0", port, lambda: metrics_text.render(registry.collect()))
 
     def stop() -> None:

@@ -106,6 +106,7 @@ class ContainerGPU:
     share: float | None               # measured share of GPU time; None: not measured
     tenant_stats: TenantStats | None  # None: no scheduler tenant
     gpu_time_s: float | None = None   # GPU time used (counter, module doc); None: not measured
+    memory_unattributed: int | None = None  # part of memory_used the memory reconciler found; None: no ledger
 
     @property
     def display_name(self) -> str:
@@ -420,6 +421,7 @@ class NodeReader:
             memory_peak=device.peak if device is not None else None,
             oom_denials=device.oom_denials if device is not None else None,
             share=share, tenant_stats=tenant_stats,
+            memory_unattributed=device.unattributed if device is not None else None,
         )
 
     def _with_gpu_time(self, row: ContainerGPU, stats: dict[str, object] | None, whole_cards: bool, now: float,

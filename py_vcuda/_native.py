@@ -29,6 +29,7 @@ typedef struct {
     uint64_t peak;
     uint64_t oom_denials;
     uint64_t context_overhead;
+    uint64_t unattributed;
 } vcuda_device_usage;
 typedef struct {
     int32_t pid;
@@ -42,6 +43,7 @@ int vcuda_ledger_read_devices(vcuda_ledger_map *ledger, vcuda_device_usage *out,
 int vcuda_ledger_read_processes(vcuda_ledger_map *ledger, vcuda_process_usage *out, int max);
 int vcuda_ledger_reclaim_dead(vcuda_ledger_map *ledger);
 int vcuda_ledger_set_limit(vcuda_ledger_map *ledger, const char *uuid, uint64_t limit);
+int vcuda_ledger_set_unattributed(vcuda_ledger_map *ledger, const char *uuid, uint64_t bytes);
 """
 
 ffi = FFI()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from py_vcuda import __version__, native
+from py_vcuda.environ import overlay
 from py_vcuda.launch import Tenant, runtime_dir, tenant_env
 
 _CUDART = re.compile(r"libcudart\.so\.(\d+)(?:\.(\d+))?(?:\.(\d+))?$")
@@ -41,14 +42,17 @@ class Finding:
     text: str
 
 
-def driver_version(path: str) -> int | None:
-    """cuDriverGetVersion of the driver at `path`, or None if it cannot be loaded."""
+def driver_version(path: str, env: dict[str, str] | None = None) -> int | None:
+    """cuDriverGetVersion of the driver at `path`, or None if it cannot be loaded.
+
+    `env` is set while it answers: the simulator reads its state file from it."""
     try:
-        lib = ctypes.CDLL(path)
-        v = ctypes.c_int()
-        if lib.cuDriverGetVersion(ctypes.byref(v)) != 0:
-            return None
-        return v.value
+        with overlay(env or {}):
+            lib = ctypes.CDLL(path)
+            v = ctypes.c_int()
+            if lib.cuDriverGetVersion(ctypes.byref(v)) != 0:
+                return None
+            return v.value
     except (OSError, AttributeError):
         return None
 
@@ -189,7 +193,7 @@ def _report(sim_state: Path | None) -> tuple[list[str], int]:
         lines.append("using the GPU simulator (--simulate)")
     driver_path = extra.get("VCUDA_REAL_LIBCUDA") or os.environ.get("VCUDA_REAL_LIBCUDA") or "libcuda.so.1"
     nvml_path = extra.get("VCUDA_REAL_LIBNVML") or os.environ.get("VCUDA_REAL_LIBNVML") or "libnvidia-ml.so.1"
-    driver = driver_version(driver_path)
+    driver = driver_version(driver_path, extra)
     if driver is None:
         lines.append(f"driver: none ({driver_path} cannot be loaded)")
     else:

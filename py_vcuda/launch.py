@@ -1,4 +1,9 @@
-"""Running a command under quotas on this machine (`vcuda run`)."""
+"""Running a command under quotas on this machine (`vcuda run`).
+
+While the command runs, a memory reconciler (py_vcuda.memory_reconciler)
+keeps the run's ledger at no less than what NVML says its processes hold,
+whatever no hook charged (lazy module code, context growth); without NVML
+(no GPU here) there is nothing to reconcile and it does not start."""
 
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ from pathlib import Path
 
 from node_state.layout import SCHEDULER_DIR_KEY, ContainerRecord, NodeLayout, ledger_in
 from py_vcuda import native
+from py_vcuda.memory_reconciler import Account, MemoryReconciler
+from py_vcuda.nvml import NVML, NVMLUnavailable, open_with_env
 from token_scheduler.admin_client import AdminClient
 
 
@@ -183,9 +190,11 @@ def run(command: Sequence[str], tenant: Tenant, base_env: Mapping[str, str] | No
             raise SchedulerError(f"the token scheduler refused the compute quota: {reply.get('error')}")
         env["VCUDA_SCHEDULER"] = str(reply["endpoint"])
         keeper = SchedulerKeeper(gpu, simulated, name, tenant.core_request, limit, admin)
+    memory = _MemoryWatch(name, ledger, env)
     try:
-        return _supervise(command, env, keeper.check if keeper is not None else None)
+        return _supervise(command, env, keeper.check if keeper is not None else None, memory.start)
     finally:
+        memory.stop()
         if keeper is not None:
             with contextlib.suppress(TimeoutError):
                 keeper.admin.call("remove", tenant=name)
@@ -195,15 +204,44 @@ def run(command: Sequence[str], tenant: Tenant, base_env: Mapping[str, str] | No
         shutil.rmtree(record_dir, ignore_errors=True)
 
 
+class _MemoryWatch:
+    """The run's memory reconciler: its account is the run's ledger and the command's process tree."""
+
+    def __init__(self, name: str, ledger: Path, env: Mapping[str, str]) -> None:
+        self.name, self.ledger, self.env = name, ledger, env
+        self.nvml: NVML | None = None
+        self.reconciler: MemoryReconciler | None = None
+
+    def start(self, root_pid: int) -> None:
+        try:
+            self.nvml = open_with_env(self.env)
+        except NVMLUnavailable:
+            return  # no GPU driver here: nothing holds GPU memory to reconcile
+        except Exception as exc:  # the hooks still hold the quota; say what is missing on top
+            print(f"vcuda run: warning: memory reconciler off, NVML failed: {exc}", file=sys.stderr)
+            return
+        account = Account(key=self.name, ledger=self.ledger, root_pid=root_pid)
+        self.reconciler = MemoryReconciler(lambda: [account], self.nvml)
+        self.reconciler.start()
+
+    def stop(self) -> None:
+        if self.reconciler is not None:
+            self.reconciler.stop()
+        if self.nvml is not None:
+            self.nvml.close()
+
+
 # How often a run with a compute quota checks that its scheduler answers (SchedulerKeeper).
 WATCH_INTERVAL_S = 0.25
 
 
-def _supervise(command: Sequence[str], env: dict[str, str], watch: Callable[[], None] | None) -> int:
+def _supervise(command: Sequence[str], env: dict[str, str], watch: Callable[[], None] | None,
+               started: Callable[[int], None] = lambda pid: None) -> int:
     try:
         proc = subprocess.Popen(list(command), env=env)
     except FileNotFoundError:
         raise SystemExit(f"vcuda run: command not found: {command[0]}") from None
+    started(proc.pid)
     # The child gets terminal signals itself; pass on the ones sent to us alone.
     forwarded = (signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, lambda sig, _f: proc.send_signal(sig)) for s in forwarded}

@@ -28,6 +28,7 @@ class DeviceUsage:
     peak: int
     oom_denials: int
     context_overhead: int
+    unattributed: int = 0  # part of used: found by the memory reconciler, charged by no hook
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Ledger:
                 peak=int(d.peak),
                 oom_denials=int(d.oom_denials),
                 context_overhead=int(d.context_overhead),
+                unattributed=int(d.unattributed),
             )
             for d in out[0:n]
         ]
@@ -88,6 +90,14 @@ class Ledger:
 
     def reclaim_dead(self) -> int:
         return int(lib().vcuda_ledger_reclaim_dead(self._handle))
+
+    def set_unattributed(self, uuid: str, nbytes: int) -> None:
+        """Charge the device ``nbytes`` that no hook charged (the memory reconciler's
+        finding); ``used`` moves by the change, so later allocations fit beneath it."""
+        if nbytes < 0:
+            raise ValueError(f"unattributed bytes must be >= 0, not {nbytes}")
+        if lib().vcuda_ledger_set_unattributed(self._handle, uuid.encode(), nbytes) != 0:
+            raise LedgerError(f"ledger {self.path} has no room for another device")
 
     def set_limit(self, uuid: str, limit: int | None) -> None:
         value = UNLIMITED if limit is None else limit

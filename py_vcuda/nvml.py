@@ -6,7 +6,8 @@ nvidia-ml-py keeps one library per process; asking for a second, different
 one is an error rather than a silent mix.
 
 Topology (NUMA node, NVLink peers), XID events (`watch_xids`) and a cheap
-health query (`probe`) serve the device plugin's placement and health checks.
+health query (`probe`) serve the device plugin's placement and health checks;
+per-process memory (`processes`) the memory reconciler.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
 import pynvml
+
+from py_vcuda.environ import overlay
 
 DEFAULT_LIBRARY = "libnvidia-ml.so.1"
 SYSFS = Path("/sys")
@@ -51,6 +54,14 @@ class GPUUsage:
     power_w: float | None
 
 
+@dataclass(frozen=True)
+class ProcessMemory:
+    """A compute process on a GPU as NVML reports it."""
+
+    pid: int            # in the host's pid namespace, whatever namespace the process lives in
+    used: int | None    # device memory it holds, everything the driver holds for it; None: NVML cannot tell
+
+
 def library_path() -> str:
     return os.environ.get("VCUDA_REAL_LIBNVML") or DEFAULT_LIBRARY
 
@@ -75,6 +86,14 @@ def _optional(fn, *args):  # type: ignore[no-untyped-def]
         return fn(*args)
     except pynvml.NVMLError:
         return None
+
+
+def open_with_env(env: Mapping[str, str]) -> NVML:
+    """An NVML session as a child process with `env` would open it: the library
+    `env` names (VCUDA_REAL_LIBNVML), and only its VCUDA_* variables set while
+    NVML initialises, which is when the GPU simulator reads its configuration."""
+    with overlay({k: v for k, v in env.items() if k.startswith("VCUDA_")}, clear_prefix="VCUDA_"):
+        return NVML(env.get("VCUDA_REAL_LIBNVML") or DEFAULT_LIBRARY)
 
 
 class NVML:
@@ -210,6 +229,12 @@ class NVML:
         """The CUDA version the driver supports, e.g. (12, 4)."""
         v = int(pynvml.nvmlSystemGetCudaDriverVersion())
         return v // 1000, (v % 1000) // 10
+
+    def processes(self, uuid: str) -> list[ProcessMemory]:
+        """The compute processes on the GPU with this UUID and the memory each holds."""
+        h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        return [ProcessMemory(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory))
+                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
 
     def usage(self, index: int) -> GPUUsage:
         h = self.handle(index)

@@ -1,5 +1,6 @@
 """The GPU simulator's Python side: configuration for child processes and a
-reader of the simulator's shared state (devices, processes, busy time).
+reader of the simulator's shared state (devices, processes, busy time, and
+the physical memory each process holds, broken down by what holds it).
 
 The simulator is a stand-in ``libcuda`` / ``libnvidia-ml`` (built from
 ``gpusim/``) that child processes load through ``VCUDA_REAL_LIBCUDA`` and
@@ -20,7 +21,7 @@ from types import TracebackType
 import cffi
 
 from py_vcuda import native
-from py_vcuda.nvml import NVML
+from py_vcuda.nvml import NVML, open_with_env
 
 _CDEF = """
 typedef struct vcudasim_state vcudasim_state;
@@ -30,7 +31,11 @@ typedef struct vcudasim_config {
     int32_t driver_version;
     uint64_t context_overhead;
     uint32_t nvswitch;
+    uint32_t sms;
+    uint32_t threads_per_sm;
     uint32_t reserved;
+    uint64_t pool_chunk;
+    uint64_t kernel_code;
 } vcudasim_config;
 typedef struct vcudasim_device {
     uint32_t index;
@@ -47,6 +52,7 @@ typedef struct vcudasim_device {
     uint32_t lost;
     uint32_t reserved;
     uint64_t xids;
+    uint64_t mem[8];
 } vcudasim_device;
 typedef struct vcudasim_process {
     int32_t pid;
@@ -54,6 +60,9 @@ typedef struct vcudasim_process {
     uint64_t used;
     uint64_t busy_ns;
     uint64_t kernels;
+    int32_t host_pid;
+    uint32_t reserved;
+    uint64_t mem[8];
 } vcudasim_process;
 int vcudasim_api_version(void);
 vcudasim_state *vcudasim_open(const char *path, int create);
@@ -68,9 +77,37 @@ int64_t vcudasim_inject_xid(vcudasim_state *st, unsigned dev, uint64_t xid);
 int vcudasim_set_lost(vcudasim_state *st, unsigned dev, int lost);
 """
 
-API_VERSION = 2
+API_VERSION = 3
 GiB = 1 << 30
 MiB = 1 << 20
+KiB = 1 << 10
+
+
+# The breakdown of a process's (or device's) physical use, in vcudasim.h's
+# VCUDASIM_MEM_* order.
+MEMORY_KINDS = ("alloc", "context", "pool", "local", "limits", "module", "graph")
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Physical device memory by what holds it (vcudasim.h "What the device
+    holds beyond the pointers"); ``total`` is what NVML reports."""
+
+    alloc: int = 0     # cuMemAlloc*, managed, arrays, cuMemCreate handles: the pointers
+    context: int = 0   # per-context overhead
+    pool: int = 0      # stream-ordered pools' reservations
+    local: int = 0     # local memory above a fresh context's
+    limits: int = 0    # malloc heap, printf FIFO, device launch pool above defaults
+    module: int = 0    # module data and kernel code
+    graph: int = 0     # graph-memory reserve
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, k) for k in MEMORY_KINDS)
+
+    @classmethod
+    def from_c(cls, mem: object) -> MemoryBreakdown:
+        return cls(*(int(mem[i]) for i in range(len(MEMORY_KINDS))))  # type: ignore[index]
 
 
 def default_state_path() -> Path:
@@ -92,6 +129,10 @@ class SimConfig:
     numa: list[int] | None = None  # NUMA node per device (-1: none); None: no NUMA at all
     nvlink: list[tuple[int, int]] | None = None  # device pairs joined by one NVLink
     nvswitch: bool = False  # every device on one NVSwitch fabric (instead of nvlink pairs)
+    sms: int = 132  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    threads_per_sm: int = 2048  # CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR
+    pool_chunk: int = 32 * MiB  # stream-ordered pools grow by multiples of this
+    kernel_code: int = 0  # code bytes of a kernel no module descriptor describes
 
     def env(self) -> dict[str, str]:
         """Environment variables a child process needs to use this simulator."""
@@ -104,6 +145,10 @@ class SimConfig:
             "VCUDA_SIM_CONTEXT_OVERHEAD": str(self.context_overhead),
             "VCUDA_SIM_DRIVER_VERSION": str(self.driver_version),
             "VCUDA_SIM_MAX_PENDING": str(self.max_pending),
+            "VCUDA_SIM_SMS": str(self.sms),
+            "VCUDA_SIM_THREADS_PER_SM": str(self.threads_per_sm),
+            "VCUDA_SIM_POOL_CHUNK": str(self.pool_chunk),
+            "VCUDA_SIM_KERNEL_CODE": str(self.kernel_code),
         }
         if self.uuids:
             env["VCUDA_SIM_UUIDS"] = ",".join(self.uuids)
@@ -137,15 +182,18 @@ class DeviceStats:
     nvlink_peers: frozenset[int] = frozenset()
     lost: bool = False
     xids: int = 0  # XIDs injected so far
+    memory: MemoryBreakdown = MemoryBreakdown()  # `used` by what holds it
 
 
 @dataclass(frozen=True)
 class ProcessStats:
-    pid: int
-    used: int
+    pid: int  # as the process sees itself
+    used: int  # physical bytes on the device: memory.total
     busy_ns: int
     kernels: int
     contexts: int
+    host_pid: int = 0  # what NVML reports (pid + its VCUDA_SIM_HOST_PID_OFFSET)
+    memory: MemoryBreakdown = MemoryBreakdown()
 
 
 class SimError(RuntimeError):
@@ -209,7 +257,8 @@ class SimReader:
             uuids=[d.uuid for d in devs], names=[d.name for d in devs],
             driver_version=c.driver_version, max_pending=c.max_pending,
             numa=None if all(n < 0 for n in numa) else numa, nvlink=links or None,
-            nvswitch=bool(c.nvswitch),
+            nvswitch=bool(c.nvswitch), sms=c.sms, threads_per_sm=c.threads_per_sm,
+            pool_chunk=c.pool_chunk, kernel_code=c.kernel_code,
         )
 
     def device_count(self) -> int:
@@ -226,7 +275,7 @@ class SimReader:
             capacity=d.capacity, used=d.used, busy_ns=d.busy_ns, kernels=d.kernels,
             busy_until_ns=d.busy_until_ns, processes=d.processes, numa_node=d.numa_node,
             nvlink_peers=frozenset(i for i in range(32) if d.nvlink_peers >> i & 1),
-            lost=bool(d.lost), xids=d.xids,
+            lost=bool(d.lost), xids=d.xids, memory=MemoryBreakdown.from_c(d.mem),
         )
 
     def devices(self) -> list[DeviceStats]:
@@ -243,10 +292,15 @@ class SimReader:
             if n <= cap:
                 return [
                     ProcessStats(pid=p.pid, used=p.used, busy_ns=p.busy_ns, kernels=p.kernels,
-                                 contexts=p.contexts)
+                                 contexts=p.contexts, host_pid=p.host_pid,
+                                 memory=MemoryBreakdown.from_c(p.mem))
                     for p in buf[0:n]
                 ]
             cap = n
+
+    def process(self, pid: int, device: int = 0) -> ProcessStats | None:
+        """The live process ``pid`` (as it sees itself) on the device, if it holds anything."""
+        return next((p for p in self.processes(device) if p.pid == pid), None)
 
     def busy_in_window(self, device: int = 0, window_ns: int = 1_000_000_000) -> int:
         return int(self._lib.vcudasim_busy_in_window(self._state(), device, window_ns))
@@ -272,25 +326,10 @@ class SimReader:
 def nvml_session(cfg: SimConfig) -> Iterator[NVML]:
     """An NVML session on this simulator inside this process (tests, demos).
 
-    The simulator reads ``VCUDA_SIM_*`` when NVML initialises, so they are set
-    only for that moment. The process's first session picks the state file:
-    NVML keeps it open while any session is, as the real library keeps its
-    driver.
+    The process's first session picks the state file: NVML keeps it open
+    while any session is, as the real library keeps its driver.
     """
-    env = cfg.env()
-    optional = ("VCUDA_SIM_UUIDS", "VCUDA_SIM_NAMES", "VCUDA_SIM_NUMA", "VCUDA_SIM_NVLINK")
-    saved = {k: os.environ.get(k) for k in (*env, *optional)}
-    for k in optional:
-        os.environ.pop(k, None)  # an unset knob means its default, whatever this process has
-    os.environ.update(env)
-    try:
-        nvml = NVML(env["VCUDA_REAL_LIBNVML"])
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    nvml = open_with_env(cfg.env())
     try:
         yield nvml
     finally:

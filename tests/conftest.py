@@ -67,3 +67,21 @@ def build_c(tmp_path_factory: pytest.TempPathFactory) -> BuildC:
         return exe
 
     return build
+
+
+@pytest.fixture(scope="session")
+def build_sim(build_c: BuildC, lib_dir: Path) -> Callable[..., Path]:
+    """Builds tests/c/<name> (and more sources) linked against libvcuda-sim-cuda.so."""
+    flags = (f"-I{REPO / 'gpusim' / 'src'}", f"-I{REPO / 'gpusim' / 'include'}")
+
+    def build(name: str, *more: str) -> Path:
+        return build_c([name, *more], flags=flags,
+                       libs=[f"-L{lib_dir}", "-lvcuda-sim-cuda", f"-Wl,-rpath,{lib_dir}"])
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def sim_tool(build_sim: Callable[..., Path]) -> Path:
+    """tests/c/sim_tool with its memory commands: a scriptable simulator client."""
+    return build_sim("sim_tool.c", "sim_tool_mem.c")

@@ -4,6 +4,7 @@ set up by the node agent or the DRA driver gives a process run on the host."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,3 +60,48 @@ def container_env_on_host(env: Mapping[str, str], mounts: Mapping[str, str]) -> 
     preloaded = Path(mounts["/etc/ld.so.preload"]).read_text().strip()
     out["LD_PRELOAD"] = mounts[preloaded]
     return out
+
+
+class StepProbe:
+    """cuprobe driven one command at a time (``--stdin``), so a test can look at the
+    simulator and the ledger between any two steps."""
+
+    def __init__(self, exe: str, env: dict[str, str], flags: list[str] | None = None) -> None:
+        self.proc = subprocess.Popen([exe, *(flags or []), "--stdin"], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def do(self, command: str) -> dict[str, str]:
+        """Runs one command; returns its (last) parsed output line."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        lines = []
+        for line in self.proc.stdout:
+            if line.strip() == "--":
+                break
+            lines.append(line)
+        else:
+            raise AssertionError(f"cuprobe ended at {command!r}: {self.stderr()}")
+        parsed = parse("".join(lines))
+        assert parsed, f"{command!r} printed nothing"
+        return parsed[-1]
+
+    def rc(self, command: str) -> int:
+        return int(self.do(command)["rc"])
+
+    def stderr(self) -> str:
+        self.close()
+        return self.proc.stderr.read() if self.proc.stderr else ""
+
+    def close(self) -> None:
+        if self.proc.stdin and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

@@ -4,7 +4,7 @@ Layers, bottom first; a module may import its own part and any part on a lower
 layer, never one on its own layer (sideways) or above, and never a name or
 module of another part that starts with ``_`` (private):
 
-    core            py_vcuda: native, quantity, ledger reader, nvml, sim, ...
+    core            py_vcuda: native, quantity, ledger reader, nvml, sim, procfs, memory_reconciler, ...
     contract        kube_contract; token_scheduler (a self-contained daemon and its admin client)
     node state      node_state
     parts           device_plugin, dra_driver, scheduler_extender, the py_vcuda commands (vcuda run, top, demo, doctor)
@@ -22,7 +22,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-PY_VCUDA_CORE = {"__init__", "_native", "native", "quantity", "ledger", "nvml", "sim", "gpu", "probe", "files"}
+PY_VCUDA_CORE = {"__init__", "_native", "native", "quantity", "ledger", "nvml", "sim", "gpu", "probe", "procfs",
+                 "memory_reconciler", "environ", "files"}
 PY_VCUDA_COMMANDS = {"launch", "top", "demo", "doctor", "container_check"}
 PY_VCUDA_DISPATCHER = {"cli", "__main__"}
 

@@ -37,7 +37,127 @@
  *    vcudasim_inject_xid and reach every event set registered on the device
  *    before the injection, in every process; each device keeps its last 64.
  *  - A lost device (vcudasim_set_lost) answers every NVML query with
- *    NVML_ERROR_GPU_IS_LOST; CUDA is not affected. */
+ *    NVML_ERROR_GPU_IS_LOST; CUDA is not affected.
+ *
+ * What the device holds beyond the pointers (issue 12). Every figure below is
+ * charged to the process on its device at the moment said, shows in
+ * cuMemGetInfo, nvmlDeviceGetMemoryInfo and the process's NVML usedGpuMemory,
+ * and is broken down by VCUDASIM_MEM_* in vcudasim_process.mem / .mem of
+ * vcudasim_device. Configuration (VCUDA_SIM_*, read when the state file is
+ * created): SMS (132), THREADS_PER_SM (2048), POOL_CHUNK (32Mi, a multiple of
+ * 2Mi), KERNEL_CODE (0: code bytes of a kernel no descriptor describes).
+ *
+ *  Stream-ordered pools (VCUDASIM_MEM_POOL). Each device has a default pool
+ *  (cuDeviceGetDefaultMemPool); cuMemPoolCreate makes more (maxSize honoured,
+ *  0 = no cap); cuDeviceSetMemPool / cuDeviceGetMemPool choose the pool
+ *  cuMemAllocAsync uses; destroying the current pool makes the default
+ *  current again; the default pool cannot be destroyed (INVALID_VALUE).
+ *    - A pool reserves device memory in chunks of round_up(size, POOL_CHUNK)
+ *      bytes, size being the allocation (rounded up to 512 bytes) that found
+ *      no room: a 40 MiB allocation grows the pool by 64 MiB. The charge is
+ *      the reservation: CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT of all the
+ *      process's pools on the device, summed.
+ *    - An allocation takes the first free extent of at least its size in the
+ *      oldest chunk that has one; freed extents merge with free neighbours in
+ *      the same chunk only, never across chunks. So reserved - used can be
+ *      larger than any allocation that still fits, and an allocation can grow
+ *      the pool although reserved - used >= its size (fragmentation).
+ *      USED_MEM_CURRENT is the sum of the rounded sizes handed out.
+ *    - Freed memory stays reserved (cuMemFreeAsync and cuMemFree take effect
+ *      at once; there is no stream-ordered deferral). A chunk with nothing
+ *      allocated in it is returned (uncharged) only by: cuMemPoolTrimTo(pool,
+ *      keep) (while reserved > keep); a synchronize call - cuStreamSynchronize,
+ *      cuCtxSynchronize, cuEventSynchronize - which trims every pool of the
+ *      process down to its CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (default 0;
+ *      UINT64_MAX: never); a growth the device cannot hold, which first trims
+ *      that pool to 0 and tries once more; cuMemPoolDestroy (then each chunk
+ *      as it empties). Changing the threshold releases nothing by itself.
+ *    - Attributes: RELEASE_THRESHOLD get/set; RESERVED_MEM_CURRENT and
+ *      USED_MEM_CURRENT get; *_HIGH get, and set only to 0 (resets to the
+ *      current value); REUSE_* get/set (stored, no effect).
+ *    - cuMemFree / cuMemFreeAsync accept pool pointers; destroying a context
+ *      returns its pool blocks to their pools (still reserved).
+ *    - While a stream is captured, cuMemAllocAsync / cuMemAllocFromPoolAsync
+ *      make graph allocation nodes and take nothing from the pool;
+ *      cuMemFreeAsync of such an allocation makes a free node.
+ *
+ *  Local memory and limits (VCUDASIM_MEM_LOCAL, VCUDASIM_MEM_LIMITS). A
+ *  context reserves local memory for P bytes per thread on every thread the
+ *  device can hold. P is CU_LIMIT_STACK_SIZE: 1024 at creation; a launch of
+ *  a function with CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES L > P first raises P to
+ *  L (the driver raises the stack limit as kernels need; cuCtxGetLimit then
+ *  reads L) and it never comes down by itself; cuCtxSetLimit(STACK_SIZE, v)
+ *  sets P = v, down too (a later launch raises it again). What a fresh
+ *  context holds is inside VCUDA_SIM_CONTEXT_OVERHEAD, so the charge is the
+ *  growth:
+ *      local = max(0, P - 1024) * SMS * THREADS_PER_SM
+ *      limits = max(0, heap - 8 MiB) + max(0, fifo - 1 MiB)
+ *               + max(0, pending - 2048) * 2048
+ *  (heap: CU_LIMIT_MALLOC_HEAP_SIZE, fifo: CU_LIMIT_PRINTF_FIFO_SIZE,
+ *  pending: CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT, charged at
+ *  cuCtxSetLimit.) A launch or cuCtxSetLimit whose growth does not fit returns
+ *  CUDA_ERROR_OUT_OF_MEMORY and reserves nothing (the kernel is not queued;
+ *  code its first launch loaded stays loaded).
+ *  CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH: CUDA_ERROR_UNSUPPORTED_LIMIT (compute
+ *  capability 9.0); SHMEM_SIZE / CIG_ENABLED: query only. The formula is the
+ *  simulator's reading of the documentation: to verify on hardware.
+ *
+ *  Module descriptors and lazy loading (VCUDASIM_MEM_MODULE). An image
+ *  (cuModuleLoadData(Ex), cuLibraryLoadData, or the file of cuModuleLoad)
+ *  that is NUL-terminated text starting with "vcudasim-module" describes its
+ *  kernels; lines (separated by newlines or ';', '#' starts a comment):
+ *      data <bytes>                        module globals, charged at load
+ *      default local=<bytes> code=<bytes>  for kernels not listed
+ *      kernel <name> local=<bytes> code=<bytes>
+ *  Sizes are bytes or quantities (16Ki, 2Mi); a missing field is 0 (code:
+ *  that of the last default line before it, else KERNEL_CODE; kernels not
+ *  listed take the last default line). A malformed descriptor:
+ *  CUDA_ERROR_INVALID_IMAGE. Any other image: every kernel has local 0 and
+ *  code KERNEL_CODE. Example: "vcudasim-module;kernel big local=16Ki".
+ *  CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES (cuFuncGetAttribute,
+ *  cuKernelGetAttribute) is the kernel's local size. Code is charged per
+ *  context: with CUDA_MODULE_LOADING=LAZY (the default, read at cuInit) at a
+ *  kernel's first launch in that context (a launch into a capturing stream
+ *  counts); with EAGER at load for every listed kernel (libraries: only if a
+ *  context is current). Module data is charged at load to the current
+ *  context (a library loaded with none current: never). Unload returns both;
+ *  destroying the context returns what was loaded into it.
+ *
+ *  Graph memory (VCUDASIM_MEM_GRAPH). Graph allocation nodes come from
+ *  allocations on a capturing stream or cuGraphAddMemAllocNode (on a graph
+ *  from cuGraphCreate; such graphs have no kernel nodes); free nodes from
+ *  cuMemFreeAsync on the capturing stream or cuGraphAddMemFreeNode, for an
+ *  allocation of the same graph only (else INVALID_VALUE). One device per
+ *  graph. An executable graph's footprint is the peak of its live
+ *  allocations in node order, each rounded up to 2 MiB; captured frees let
+ *  later captured allocations reuse memory, explicitly added nodes never do.
+ *  The footprint is mapped at cuGraphUpload or at a launch when not mapped
+ *  yet, from the process's per-device graph reserve: it grows to the sum of
+ *  the mapped footprints when that is larger (a growth that does not fit:
+ *  the launch returns CUDA_ERROR_OUT_OF_MEMORY, nothing runs). The reserve
+ *  never shrinks by itself - not at synchronize, not when the graph is
+ *  destroyed - only cuDeviceGraphMemTrim returns what no graph holds that is
+ *  executing or scheduled (its last launch not finished) or has allocations
+ *  not freed in the graph still live (until cuMemFree/cuMemFreeAsync). A
+ *  trimmed graph maps again at its next launch. cuDeviceGetGraphMemAttribute:
+ *  USED_MEM_CURRENT = mapped footprints, RESERVED_MEM_CURRENT = the reserve,
+ *  *_HIGH their high-water marks (set only to 0: reset).
+ *
+ *  Sharing. cuIpcGetMemHandle (a cuMemAlloc base pointer) and
+ *  cuMemExportToShareableHandle (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+ *  requested in cuMemCreate's prop) describe the allocation and its creator;
+ *  the exported fd is a memfd another process obtains by any fd passing
+ *  (SCM_RIGHTS, pidfd_getfd, or open("/proc/<pid>/fd/<n>")).
+ *  cuIpcOpenMemHandle / cuMemImportFromShareableHandle (+ cuMemMap of the
+ *  imported handle) charge the importer nothing: the memory stays charged to
+ *  its creator, for as long as the creator holds it. Opening one's own IPC
+ *  handle: CUDA_ERROR_INVALID_CONTEXT; a creator that is gone:
+ *  CUDA_ERROR_INVALID_VALUE.
+ *
+ *  Host pids. A process whose environment has VCUDA_SIM_HOST_PID_OFFSET=N at
+ *  cuInit pretends to live in a pid namespace: NVML
+ *  (nvmlDeviceGetComputeRunningProcesses, v1/v2/v3) reports it as pid + N,
+ *  the pid the host would see; vcudasim_process has both. */
 #ifndef VCUDASIM_H
 #define VCUDASIM_H
 
@@ -47,7 +167,19 @@
 extern "C" {
 #endif
 
-#define VCUDASIM_API_VERSION 2 /* 2: topology, XID injection, lost devices */
+#define VCUDASIM_API_VERSION 3 /* 2: topology, XID injection, lost devices; 3: memory breakdown, host pids */
+
+/* What device memory is made of: index into vcudasim_process.mem. */
+enum {
+    VCUDASIM_MEM_ALLOC = 0,   /* cuMemAlloc*, managed, arrays, cuMemCreate handles ("pointers") */
+    VCUDASIM_MEM_CONTEXT = 1, /* VCUDA_SIM_CONTEXT_OVERHEAD per context */
+    VCUDASIM_MEM_POOL = 2,    /* stream-ordered pools' reservations */
+    VCUDASIM_MEM_LOCAL = 3,   /* local memory above a fresh context's */
+    VCUDASIM_MEM_LIMITS = 4,  /* malloc heap, printf FIFO, device launch pool above defaults */
+    VCUDASIM_MEM_MODULE = 5,  /* module data and kernel code */
+    VCUDASIM_MEM_GRAPH = 6,   /* graph-memory reserve */
+    VCUDASIM_MEM_KINDS = 8    /* array size (two spare) */
+};
 
 typedef struct vcudasim_state vcudasim_state; /* an open state file */
 
@@ -57,7 +189,11 @@ typedef struct vcudasim_config {
     int32_t driver_version;  /* e.g. 13000 */
     uint64_t context_overhead; /* bytes charged per context */
     uint32_t nvswitch;       /* 1: VCUDA_SIM_NVLINK=switch */
+    uint32_t sms;            /* VCUDA_SIM_SMS */
+    uint32_t threads_per_sm; /* VCUDA_SIM_THREADS_PER_SM */
     uint32_t reserved;
+    uint64_t pool_chunk;     /* VCUDA_SIM_POOL_CHUNK */
+    uint64_t kernel_code;    /* VCUDA_SIM_KERNEL_CODE */
 } vcudasim_config;
 
 typedef struct vcudasim_device {
@@ -75,14 +211,18 @@ typedef struct vcudasim_device {
     uint32_t lost;           /* 1 while vcudasim_set_lost(..., 1) */
     uint32_t reserved;
     uint64_t xids;           /* XIDs injected so far */
+    uint64_t mem[VCUDASIM_MEM_KINDS]; /* `used` broken down, live processes */
 } vcudasim_device;
 
 typedef struct vcudasim_process {
-    int32_t pid;
+    int32_t pid;             /* as the process sees itself (getpid) */
     uint32_t contexts;
-    uint64_t used;           /* bytes on this device, contexts included */
+    uint64_t used;           /* bytes on this device: the sum of mem[] */
     uint64_t busy_ns;        /* kernel time queued on this device */
     uint64_t kernels;
+    int32_t host_pid;        /* what NVML reports: pid + its VCUDA_SIM_HOST_PID_OFFSET */
+    uint32_t reserved;
+    uint64_t mem[VCUDASIM_MEM_KINDS]; /* physical use by VCUDASIM_MEM_* */
 } vcudasim_process;
 
 int vcudasim_api_version(void);

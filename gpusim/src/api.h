@@ -68,6 +68,8 @@
     X(cuCtxGetStreamPriorityRange, 5050, 0, cuCtxGetStreamPriorityRange,                           \
       (int *leastPriority, int *greatestPriority))                                                 \
     X(cuCtxSynchronize, 2000, 0, cuCtxSynchronize, (void))                                         \
+    X(cuCtxSetLimit, 3010, 0, cuCtxSetLimit, (CUlimit limit, size_t value))                        \
+    X(cuCtxGetLimit, 3010, 0, cuCtxGetLimit, (size_t *pvalue, CUlimit limit))                      \
     /* modules and libraries: any image loads, any name resolves */                                \
     X(cuModuleLoad, 2000, 0, cuModuleLoad, (CUmodule *module, const char *fname))                  \
     X(cuModuleLoadData, 2000, 0, cuModuleLoadData, (CUmodule *module, const void *image))          \
@@ -85,6 +87,10 @@
       (CUkernel *pKernel, CUlibrary library, const char *name))                                    \
     X(cuLibraryUnload, 12000, 0, cuLibraryUnload, (CUlibrary library))                             \
     X(cuKernelGetFunction, 12000, 0, cuKernelGetFunction, (CUfunction *pFunc, CUkernel kernel))    \
+    X(cuFuncGetAttribute, 2020, 0, cuFuncGetAttribute,                                             \
+      (int *pi, CUfunction_attribute attrib, CUfunction hfunc))                                    \
+    X(cuKernelGetAttribute, 12000, 0, cuKernelGetAttribute,                                        \
+      (int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev))                       \
     /* memory */                                                                                   \
     X(cuMemGetInfo, 3020, 0, cuMemGetInfo_v2, (size_t *free, size_t *total))                       \
     X(cuMemAlloc, 3020, 0, cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytesize))                    \
@@ -110,6 +116,23 @@
       (CUmemoryPool *pool, const CUmemPoolProps *poolProps))                                       \
     X(cuMemPoolDestroy, 11020, 0, cuMemPoolDestroy, (CUmemoryPool pool))                           \
     X(cuMemPoolTrimTo, 11020, 0, cuMemPoolTrimTo, (CUmemoryPool pool, size_t minBytesToKeep))      \
+    X(cuMemPoolGetAttribute, 11020, 0, cuMemPoolGetAttribute,                                      \
+      (CUmemoryPool pool, CUmemPool_attribute attr, void *value))                                  \
+    X(cuMemPoolSetAttribute, 11020, 0, cuMemPoolSetAttribute,                                      \
+      (CUmemoryPool pool, CUmemPool_attribute attr, void *value))                                  \
+    X(cuDeviceGetMemPool, 11020, 0, cuDeviceGetMemPool, (CUmemoryPool *pool, CUdevice dev))        \
+    X(cuDeviceSetMemPool, 11020, 0, cuDeviceSetMemPool, (CUdevice dev, CUmemoryPool pool))         \
+    /* sharing between processes */                                                                \
+    X(cuIpcGetMemHandle, 4010, 0, cuIpcGetMemHandle, (CUipcMemHandle *pHandle, CUdeviceptr dptr))  \
+    X(cuIpcOpenMemHandle, 11000, 0, cuIpcOpenMemHandle_v2,                                         \
+      (CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags))                             \
+    X(cuIpcCloseMemHandle, 4010, 0, cuIpcCloseMemHandle, (CUdeviceptr dptr))                       \
+    X(cuMemExportToShareableHandle, 10020, 0, cuMemExportToShareableHandle,                        \
+      (void *shareableHandle, CUmemGenericAllocationHandle handle,                                 \
+       CUmemAllocationHandleType handleType, unsigned long long flags))                            \
+    X(cuMemImportFromShareableHandle, 10020, 0, cuMemImportFromShareableHandle,                    \
+      (CUmemGenericAllocationHandle *handle, void *osHandle,                                       \
+       CUmemAllocationHandleType shHandleType))                                                    \
     X(cuMemCreate, 10020, 0, cuMemCreate,                                                          \
       (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,         \
        unsigned long long flags))                                                                  \
@@ -199,6 +222,21 @@
     X(cuGraphLaunch, 10000, 1, cuGraphLaunch_ptsz, (CUgraphExec hGraphExec, CUstream hStream))     \
     X(cuGraphExecDestroy, 10000, 0, cuGraphExecDestroy, (CUgraphExec hGraphExec))                  \
     X(cuGraphDestroy, 10000, 0, cuGraphDestroy, (CUgraph hGraph))                                  \
+    /* graph memory nodes */                                                                       \
+    X(cuGraphCreate, 10000, 0, cuGraphCreate, (CUgraph *phGraph, unsigned int flags))              \
+    X(cuGraphAddMemAllocNode, 11040, 0, cuGraphAddMemAllocNode,                                    \
+      (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,                  \
+       size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams))                            \
+    X(cuGraphAddMemFreeNode, 11040, 0, cuGraphAddMemFreeNode,                                      \
+      (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,                  \
+       size_t numDependencies, CUdeviceptr dptr))                                                  \
+    X(cuGraphUpload, 11010, 0, cuGraphUpload, (CUgraphExec hGraphExec, CUstream hStream))          \
+    X(cuGraphUpload, 11010, 1, cuGraphUpload_ptsz, (CUgraphExec hGraphExec, CUstream hStream))     \
+    X(cuDeviceGraphMemTrim, 11040, 0, cuDeviceGraphMemTrim, (CUdevice device))                     \
+    X(cuDeviceGetGraphMemAttribute, 11040, 0, cuDeviceGetGraphMemAttribute,                        \
+      (CUdevice device, CUgraphMem_attribute attr, void *value))                                   \
+    X(cuDeviceSetGraphMemAttribute, 11040, 0, cuDeviceSetGraphMemAttribute,                        \
+      (CUdevice device, CUgraphMem_attribute attr, void *value))                                   \
     /* events */                                                                                   \
     X(cuEventCreate, 2000, 0, cuEventCreate, (CUevent *phEvent, unsigned int Flags))               \
     X(cuEventRecord, 2000, 0, cuEventRecord, (CUevent hEvent, CUstream hStream))                   \

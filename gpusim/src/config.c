@@ -142,14 +142,28 @@ static int parse_nvlink(const char *list, struct sim_config *cfg, char *err, siz
 
 int sim_config_from_env(struct sim_config *cfg, char *err, size_t errlen)
 {
-    uint64_t ndev, max_pending, driver;
+    uint64_t ndev, max_pending, driver, sms, threads;
     memset(cfg, 0, sizeof *cfg);
     if (env_u64("VCUDA_SIM_DEVICES", 1, &ndev, err, errlen) ||
         env_u64("VCUDA_SIM_MEMORY", 16ull << 30, &cfg->memory, err, errlen) ||
         env_u64("VCUDA_SIM_CONTEXT_OVERHEAD", 64ull << 20, &cfg->ctx_overhead, err, errlen) ||
         env_u64("VCUDA_SIM_DRIVER_VERSION", 13000, &driver, err, errlen) ||
-        env_u64("VCUDA_SIM_MAX_PENDING", 1024, &max_pending, err, errlen))
+        env_u64("VCUDA_SIM_MAX_PENDING", 1024, &max_pending, err, errlen) ||
+        env_u64("VCUDA_SIM_SMS", 132, &sms, err, errlen) ||
+        env_u64("VCUDA_SIM_THREADS_PER_SM", 2048, &threads, err, errlen) ||
+        env_u64("VCUDA_SIM_POOL_CHUNK", 32ull << 20, &cfg->pool_chunk, err, errlen) ||
+        env_u64("VCUDA_SIM_KERNEL_CODE", 0, &cfg->kernel_code, err, errlen))
         return -1;
+    if (sms < 1 || sms > 1024 || threads < 32 || threads > 8192) {
+        snprintf(err, errlen, "VCUDA_SIM_SMS must be 1..1024 and VCUDA_SIM_THREADS_PER_SM 32..8192");
+        return -1;
+    }
+    if (cfg->pool_chunk < SIM_VMM_GRANULARITY || cfg->pool_chunk % SIM_VMM_GRANULARITY) {
+        snprintf(err, errlen, "VCUDA_SIM_POOL_CHUNK must be a nonzero multiple of 2Mi");
+        return -1;
+    }
+    cfg->sms = (uint32_t)sms;
+    cfg->threads_per_sm = (uint32_t)threads;
     if (ndev < 1 || ndev > SIM_MAX_DEVICES) {
         snprintf(err, errlen, "VCUDA_SIM_DEVICES must be 1..%d", SIM_MAX_DEVICES);
         return -1;

@@ -47,7 +47,7 @@ static CUresult ctx_new(CUdevice ordinal, unsigned phys, bool primary, unsigned 
     struct sim_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = sim_charge(phys, sim.sh->ctx_overhead);
+    CUresult rc = sim_charge_as(phys, SIM_MEM_CONTEXT, sim.sh->ctx_overhead);
     if (rc != CUDA_SUCCESS) {
         free(c);
         return rc;
@@ -70,7 +70,7 @@ static void ctx_destroy(struct sim_ctx *c)
 {
     c->alive = false;
     sim_alloc_free_ctx(c);
-    sim_uncharge(c->phys, sim.sh->ctx_overhead);
+    sim_uncharge_as(c->phys, SIM_MEM_CONTEXT, sim.sh->ctx_overhead);
     set_contexts(c->phys, -1);
     for (int i = ctx_depth - 1; i >= 0; i--) {
         if (ctx_stack[i] == c) {
@@ -362,5 +362,6 @@ SIM_EXPORT CUresult cuCtxSynchronize(void)
     uint64_t t = c->last_end_ns;
     pthread_mutex_unlock(&sim.mu);
     sim_wait(t);
+    sim_pools_release_on_sync();
     return CUDA_SUCCESS;
 }

@@ -2,6 +2,7 @@
  * shared state (attach at cuInit, detach at exit, start over after fork). */
 #define _GNU_SOURCE
 #include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,9 +61,33 @@ static void parse_visible(const struct sim_shared *sh)
     }
 }
 
+/* VCUDA_SIM_HOST_PID_OFFSET: this process pretends to live in a pid
+ * namespace whose pid p is host pid p + offset, which is what NVML reports. */
+static int host_pid_offset(long *out)
+{
+    const char *v = getenv("VCUDA_SIM_HOST_PID_OFFSET");
+    char *end;
+    *out = 0;
+    if (!v || !*v)
+        return 0;
+    errno = 0;
+    long off = strtol(v, &end, 10);
+    if (errno || *end || off < 0 || off > 1L << 30) {
+        fprintf(stderr, "vcuda-sim: VCUDA_SIM_HOST_PID_OFFSET=%s is not a number 0..2^30\n", v);
+        return -1;
+    }
+    *out = off;
+    return 0;
+}
+
 static CUresult do_init(void)
 {
     char path[4096], err[1024];
+    long offset;
+    if (host_pid_offset(&offset) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    const char *loading = getenv("CUDA_MODULE_LOADING");
+    sim.eager_modules = loading && strcmp(loading, "EAGER") == 0; /* LAZY is the default */
     sim_state_path(path, sizeof path);
     struct sim_shared *sh = sim_state_open(path, true, err, sizeof err);
     if (!sh) {
@@ -72,6 +97,8 @@ static CUresult do_init(void)
     }
     sim_lock(sh);
     int slot = sim_proc_attach(sh, getpid());
+    if (slot >= 0)
+        sh->proc[slot].host_pid = (int32_t)(getpid() + offset);
     sim_unlock(sh);
     if (slot < 0) {
         fprintf(stderr, "vcuda-sim: %s: all %d process slots are in use\n", path, SIM_MAX_PROCS);
@@ -292,8 +319,8 @@ SIM_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUd
     case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: *pi = 2619000; break;
     case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: *pi = 5120; break;
     case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: *pi = 52428800; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = 132; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *pi = 2048; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = (int)sim.sh->sms; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *pi = (int)sim.sh->threads_per_sm; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = 0x10 + (int)phys; break;

@@ -7,6 +7,9 @@
 #include "sim.h"
 #include "vcudasim.h"
 
+_Static_assert((int)VCUDASIM_MEM_KINDS == (int)SIM_MEM_KINDS, "one breakdown");
+_Static_assert((int)VCUDASIM_MEM_GRAPH == (int)SIM_MEM_GRAPH, "same order");
+
 #define VS_EXPORT __attribute__((visibility("default")))
 
 struct vcudasim_state {
@@ -59,7 +62,11 @@ VS_EXPORT int vcudasim_get_config(vcudasim_state *st, vcudasim_config *out)
                              .max_pending = st->sh->max_pending,
                              .driver_version = st->sh->driver_version,
                              .context_overhead = st->sh->ctx_overhead,
-                             .nvswitch = st->sh->nvswitch};
+                             .nvswitch = st->sh->nvswitch,
+                             .sms = st->sh->sms,
+                             .threads_per_sm = st->sh->threads_per_sm,
+                             .pool_chunk = st->sh->pool_chunk,
+                             .kernel_code = st->sh->kernel_code};
     return 0;
 }
 
@@ -89,9 +96,13 @@ VS_EXPORT int vcudasim_device_info(vcudasim_state *st, unsigned dev, vcudasim_de
     out->nvlink_peers = d->nvlink_peers;
     out->lost = __atomic_load_n(&d->lost, __ATOMIC_ACQUIRE);
     out->xids = d->xid_seq;
-    for (uint32_t i = 0; i < sh->nproc_hw; i++)
-        if (proc_on(&sh->proc[i], dev) && (sh->proc[i].used[dev] || sh->proc[i].contexts[dev]))
+    for (uint32_t i = 0; i < sh->nproc_hw; i++) {
+        const struct sim_proc *p = &sh->proc[i];
+        if (proc_on(p, dev) && (p->used[dev] || p->contexts[dev]))
             out->processes++;
+        for (unsigned k = 0; p->pid && k < VCUDASIM_MEM_KINDS; k++)
+            out->mem[k] += p->mem[dev][k];
+    }
     sim_unlock(sh);
     return 0;
 }
@@ -109,10 +120,12 @@ VS_EXPORT int vcudasim_processes(vcudasim_state *st, unsigned dev, vcudasim_proc
         const struct sim_proc *p = &sh->proc[i];
         if (!proc_on(p, dev))
             continue;
-        if (n < cap)
+        if (n < cap) {
             out[n] = (vcudasim_process){.pid = p->pid, .contexts = p->contexts[dev],
                                         .used = p->used[dev], .busy_ns = p->busy_ns[dev],
-                                        .kernels = p->kernels[dev]};
+                                        .kernels = p->kernels[dev], .host_pid = p->host_pid};
+            memcpy(out[n].mem, p->mem[dev], sizeof out[n].mem);
+        }
         n++;
     }
     sim_unlock(sh);

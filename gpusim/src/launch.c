@@ -55,6 +55,9 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
     struct sim_stream *s;
     if ((rc = sim_stream_resolve(h, ptsz, &s)) != CUDA_SUCCESS)
         return rc;
+    struct sim_ctx *c = sim_stream_ctx(s);
+    if (c && (rc = sim_func_ready((struct sim_func *)f, c)) != CUDA_SUCCESS)
+        return rc; /* lazy code load or local memory growth did not fit */
     return sim_launch(s, us);
 }
 
@@ -110,7 +113,7 @@ SIM_EXPORT CUresult cuLaunchCooperativeKernel_ptsz SIM_COOP_PARAMS
 
 /* ---- graphs: a captured graph is the list of its kernels' durations ---- */
 
-static struct sim_graph *graph_new(bool exec)
+struct sim_graph *sim_graph_new(bool exec)
 {
     struct sim_graph *g = calloc(1, sizeof *g);
     if (g)
@@ -118,7 +121,7 @@ static struct sim_graph *graph_new(bool exec)
     return g;
 }
 
-static struct sim_graph *graph_of(void *h, bool exec)
+struct sim_graph *sim_graph_of(void *h, bool exec)
 {
     struct sim_graph *g = h;
     return g && g->magic == SIM_GRAPH_MAGIC && g->alive && g->exec == exec ? g : NULL;
@@ -148,7 +151,7 @@ static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, bool ptsz)
     CUresult rc = sim_stream_resolve(h, ptsz, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
-    struct sim_graph *g = graph_new(false);
+    struct sim_graph *g = sim_graph_new(false);
     if (!g)
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&sim.mu);
@@ -236,7 +239,7 @@ SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgrap
     if (!phGraphExec)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&sim.mu);
-    struct sim_graph *g = graph_of(hGraph, false), *x = g ? graph_new(true) : NULL;
+    struct sim_graph *g = sim_graph_of(hGraph, false), *x = g ? sim_graph_new(true) : NULL;
     if (!g) {
         rc = CUDA_ERROR_INVALID_VALUE;
     } else if (!x) {
@@ -244,6 +247,8 @@ SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgrap
     } else {
         for (size_t i = 0; i < g->n && rc == CUDA_SUCCESS; i++)
             rc = sim_graph_append(x, g->dur_us[i]);
+        if (rc == CUDA_SUCCESS)
+            rc = sim_graph_mem_instantiate(g, x);
         if (rc == CUDA_SUCCESS)
             *phGraphExec = (CUgraphExec)x;
     }
@@ -254,14 +259,17 @@ SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgrap
 static CUresult graph_launch(CUgraphExec hGraphExec, CUstream h, bool ptsz)
 {
     struct sim_stream *s;
-    struct sim_graph *x = graph_of(hGraphExec, true);
+    struct sim_graph *x = sim_graph_of(hGraphExec, true);
     CUresult rc = sim_stream_resolve(h, ptsz, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
     if (!x)
         return CUDA_ERROR_INVALID_VALUE;
+    if ((rc = sim_graph_mem_map(x, s)) != CUDA_SUCCESS)
+        return rc; /* its memory nodes did not fit */
     for (size_t i = 0; i < x->n && rc == CUDA_SUCCESS; i++)
         rc = sim_launch(s, x->dur_us[i]);
+    sim_graph_mem_launched(x, s);
     return rc;
 }
 
@@ -281,9 +289,10 @@ static CUresult graph_destroy(void *h, bool exec)
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&sim.mu);
-    struct sim_graph *g = graph_of(h, exec);
+    struct sim_graph *g = sim_graph_of(h, exec);
     if (g) {
         g->alive = false; /* kept allocated: see the handle note in sim.h */
+        sim_graph_mem_destroy(g);
         free(g->dur_us);
         g->dur_us = NULL;
         g->n = g->cap = 0;

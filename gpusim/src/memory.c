@@ -1,14 +1,15 @@
 /* Device memory: charging the shared books, fake addresses, this process's
- * map of live allocations, and the linear / managed / stream-ordered
- * allocation APIs. No data is ever stored: addresses are never dereferenced. */
+ * map of live allocations, and the linear and managed allocation APIs
+ * (stream-ordered ones: pool.c). No data is ever stored: addresses are never dereferenced. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #include "api.h"
 #include "sim.h"
 
-CUresult sim_charge(unsigned phys, uint64_t bytes)
+CUresult sim_charge_as(unsigned phys, enum sim_mem kind, uint64_t bytes)
 {
     struct sim_shared *sh = sim.sh;
     uint64_t cap = sh->dev[phys].capacity;
@@ -23,17 +24,40 @@ CUresult sim_charge(unsigned phys, uint64_t bytes)
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     sh->proc[sim.slot].used[phys] += bytes;
+    sh->proc[sim.slot].mem[phys][kind] += bytes;
     sim_unlock(sh);
     return CUDA_SUCCESS;
 }
 
-void sim_uncharge(unsigned phys, uint64_t bytes)
+void sim_uncharge_as(unsigned phys, enum sim_mem kind, uint64_t bytes)
 {
     struct sim_shared *sh = sim.sh;
     sim_lock(sh);
-    uint64_t *u = &sh->proc[sim.slot].used[phys];
-    *u -= bytes < *u ? bytes : *u;
+    uint64_t *k = &sh->proc[sim.slot].mem[phys][kind];
+    bytes = bytes < *k ? bytes : *k; /* the total stays the sum of the kinds */
+    *k -= bytes;
+    sh->proc[sim.slot].used[phys] -= bytes;
     sim_unlock(sh);
+}
+
+CUresult sim_charge(unsigned phys, uint64_t bytes)
+{
+    return sim_charge_as(phys, SIM_MEM_ALLOC, bytes);
+}
+
+void sim_uncharge(unsigned phys, uint64_t bytes)
+{
+    sim_uncharge_as(phys, SIM_MEM_ALLOC, bytes);
+}
+
+static enum sim_mem mem_of(enum sim_alloc_kind kind)
+{
+    switch (kind) {
+    case SIM_ALLOC_MODULE: return SIM_MEM_MODULE;
+    case SIM_ALLOC_LOCAL: return SIM_MEM_LOCAL;
+    case SIM_ALLOC_LIMITS: return SIM_MEM_LIMITS;
+    default: return SIM_MEM_ALLOC; /* POOL and IPC entries carry no bytes */
+    }
 }
 
 /* Unique across all processes on the state file; 2 MiB aligned, with a
@@ -53,6 +77,7 @@ struct alloc {
     struct sim_ctx *ctx; /* freed with this context */
     unsigned phys;       /* charged to this device */
     enum sim_alloc_kind kind;
+    void *owner;         /* POOL: the block */
 };
 
 static pthread_mutex_t amu = PTHREAD_MUTEX_INITIALIZER;
@@ -109,10 +134,11 @@ static void remove_at(size_t i)
     tab_count--;
 }
 
-CUresult sim_alloc_record(uint64_t key, uint64_t bytes, struct sim_ctx *ctx,
-                          enum sim_alloc_kind kind)
+CUresult sim_alloc_record_owned(uint64_t key, uint64_t bytes, struct sim_ctx *ctx,
+                                enum sim_alloc_kind kind, void *owner)
 {
-    struct alloc a = {.key = key, .bytes = bytes, .ctx = ctx, .phys = ctx->phys, .kind = kind};
+    struct alloc a = {.key = key, .bytes = bytes, .ctx = ctx, .phys = ctx->phys, .kind = kind,
+                      .owner = owner};
     pthread_mutex_lock(&amu);
     if (2 * (tab_count + 1) > tab_cap && grow() != 0) {
         pthread_mutex_unlock(&amu);
@@ -124,25 +150,91 @@ CUresult sim_alloc_record(uint64_t key, uint64_t bytes, struct sim_ctx *ctx,
     return CUDA_SUCCESS;
 }
 
+CUresult sim_alloc_record(uint64_t key, uint64_t bytes, struct sim_ctx *ctx,
+                          enum sim_alloc_kind kind)
+{
+    return sim_alloc_record_owned(key, bytes, ctx, kind, NULL);
+}
+
+/* Caller holds amu. The slot holding key, or -1. */
+static ssize_t find_slot(uint64_t key)
+{
+    if (!tab_cap || !key)
+        return -1;
+    for (size_t i = slot_of(key, tab_cap); tab[i].key; i = (i + 1) & (tab_cap - 1))
+        if (tab[i].key == key)
+            return (ssize_t)i;
+    return -1;
+}
+
+/* Caller holds amu. Copies the entry at key into *out if its kind is in kinds. */
+static ssize_t find_kind(uint64_t key, unsigned kinds, struct sim_alloc_entry *out)
+{
+    ssize_t i = find_slot(key);
+    if (i < 0 || !(kinds & SIM_ALLOC_BIT(tab[i].kind)))
+        return -1;
+    *out = (struct sim_alloc_entry){.bytes = tab[i].bytes, .phys = tab[i].phys,
+                                    .kind = tab[i].kind, .ctx = tab[i].ctx,
+                                    .owner = tab[i].owner};
+    return i;
+}
+
+CUresult sim_alloc_take(uint64_t key, unsigned kinds, struct sim_alloc_entry *out)
+{
+    pthread_mutex_lock(&amu);
+    ssize_t i = find_kind(key, kinds, out);
+    if (i >= 0)
+        remove_at((size_t)i);
+    pthread_mutex_unlock(&amu);
+    /* INVALID_VALUE: what the driver says for a pointer it never gave */
+    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+bool sim_alloc_find(uint64_t key, unsigned kinds, struct sim_alloc_entry *out)
+{
+    pthread_mutex_lock(&amu);
+    ssize_t i = find_kind(key, kinds, out);
+    pthread_mutex_unlock(&amu);
+    return i >= 0;
+}
+
 CUresult sim_alloc_forget(uint64_t key, enum sim_alloc_kind kind, uint64_t *bytes,
                           unsigned *phys)
 {
-    CUresult rc = CUDA_ERROR_INVALID_VALUE; /* what the driver says for a pointer it never gave */
-    pthread_mutex_lock(&amu);
-    if (tab_cap && key) {
-        for (size_t i = slot_of(key, tab_cap); tab[i].key; i = (i + 1) & (tab_cap - 1)) {
-            if (tab[i].key == key) {
-                if (tab[i].kind == kind) {
-                    *bytes = tab[i].bytes;
-                    *phys = tab[i].phys;
-                    remove_at(i);
-                    rc = CUDA_SUCCESS;
-                }
-                break;
-            }
-        }
+    struct sim_alloc_entry e;
+    CUresult rc = sim_alloc_take(key, SIM_ALLOC_BIT(kind), &e);
+    if (rc == CUDA_SUCCESS) {
+        *bytes = e.bytes;
+        *phys = e.phys;
     }
-    pthread_mutex_unlock(&amu);
+    return rc;
+}
+
+CUresult sim_alloc_resize(uint64_t *key, uint64_t bytes, struct sim_ctx *ctx,
+                          enum sim_alloc_kind kind)
+{
+    struct sim_alloc_entry old = {.bytes = 0};
+    if (*key && sim_alloc_take(*key, SIM_ALLOC_BIT(kind), &old) != CUDA_SUCCESS)
+        old.bytes = 0; /* gone with its context */
+    enum sim_mem m = mem_of(kind);
+    CUresult rc = CUDA_SUCCESS;
+    if (bytes > old.bytes)
+        rc = sim_charge_as(ctx->phys, m, bytes - old.bytes);
+    uint64_t keep = rc == CUDA_SUCCESS ? bytes : old.bytes;
+    if (rc == CUDA_SUCCESS && bytes < old.bytes)
+        sim_uncharge_as(ctx->phys, m, old.bytes - bytes);
+    if (!keep) {
+        *key = 0;
+        return rc;
+    }
+    if (!*key)
+        *key = sim_new_address(0, 0);
+    CUresult rec = sim_alloc_record(*key, keep, ctx, kind);
+    if (rec != CUDA_SUCCESS) { /* no room for the entry: nothing stays charged */
+        sim_uncharge_as(ctx->phys, m, keep);
+        *key = 0;
+        return rec;
+    }
     return rc;
 }
 
@@ -156,7 +248,9 @@ bool sim_alloc_lookup(uint64_t addr, uint64_t len)
 
 void sim_alloc_free_ctx(struct sim_ctx *ctx)
 {
-    uint64_t freed = 0;
+    uint64_t freed[SIM_MEM_KINDS] = {0};
+    void **blocks = NULL;
+    size_t nblocks = 0, cap = 0;
     bool again = true;
     pthread_mutex_lock(&amu);
     /* A removal shifts later entries back (into i, or past the wrap into a
@@ -165,7 +259,19 @@ void sim_alloc_free_ctx(struct sim_ctx *ctx)
         again = false;
         for (size_t i = 0; i < tab_cap;) {
             if (tab[i].key && tab[i].ctx == ctx) {
-                freed += tab[i].bytes;
+                freed[mem_of(tab[i].kind)] += tab[i].bytes;
+                if (tab[i].kind == SIM_ALLOC_POOL) {
+                    if (nblocks == cap) {
+                        cap = cap ? 2 * cap : 64;
+                        void **n = realloc(blocks, cap * sizeof *n);
+                        if (!n) { /* keep it: the block is freed with its pool */
+                            i++;
+                            continue;
+                        }
+                        blocks = n;
+                    }
+                    blocks[nblocks++] = tab[i].owner;
+                }
                 remove_at(i);
                 again = true;
             } else {
@@ -174,13 +280,18 @@ void sim_alloc_free_ctx(struct sim_ctx *ctx)
         }
     }
     pthread_mutex_unlock(&amu);
-    if (freed)
-        sim_uncharge(ctx->phys, freed);
+    /* Stream-ordered blocks go back to their pools, which keep them reserved. */
+    for (size_t i = 0; i < nblocks; i++)
+        sim_pool_block_free(blocks[i]);
+    free(blocks);
+    for (unsigned k = 0; k < SIM_MEM_KINDS; k++)
+        if (freed[k])
+            sim_uncharge_as(ctx->phys, (enum sim_mem)k, freed[k]);
 }
 
 /* ---- linear allocations ---- */
 
-static CUresult alloc_in(struct sim_ctx *c, CUdeviceptr *dptr, uint64_t bytes)
+CUresult sim_alloc_linear(struct sim_ctx *c, CUdeviceptr *dptr, uint64_t bytes)
 {
     CUresult rc = sim_charge(c->phys, bytes);
     if (rc != CUDA_SUCCESS)
@@ -205,21 +316,24 @@ static CUresult alloc_current(CUdeviceptr *dptr, uint64_t bytes)
         return rc;
     if (bytes == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    return alloc_in(c, dptr, bytes);
+    return sim_alloc_linear(c, dptr, bytes);
 }
 
-static CUresult free_linear(CUdeviceptr dptr)
+CUresult sim_free_pointer(CUdeviceptr dptr)
 {
-    uint64_t bytes;
-    unsigned phys;
+    struct sim_alloc_entry e;
     CUresult rc = sim_check_init();
     if (rc != CUDA_SUCCESS)
         return rc;
     if (dptr == 0)
         return CUDA_SUCCESS;
-    rc = sim_alloc_forget(dptr, SIM_ALLOC_LINEAR, &bytes, &phys);
-    if (rc == CUDA_SUCCESS)
-        sim_uncharge(phys, bytes);
+    rc = sim_alloc_take(dptr, SIM_ALLOC_BIT(SIM_ALLOC_LINEAR) | SIM_ALLOC_BIT(SIM_ALLOC_POOL), &e);
+    if (rc == CUDA_SUCCESS && e.kind == SIM_ALLOC_POOL)
+        sim_pool_block_free(e.owner);
+    else if (rc == CUDA_SUCCESS)
+        sim_uncharge(e.phys, e.bytes);
+    else if (sim_graph_mem_free_outside(dptr))
+        rc = CUDA_SUCCESS;
     return rc;
 }
 
@@ -246,7 +360,7 @@ SIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t
 
 SIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    return free_linear(dptr);
+    return sim_free_pointer(dptr);
 }
 
 SIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
@@ -272,139 +386,6 @@ SIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
     *total = cap;
     *free = used < cap ? cap - used : 0;
     return CUDA_SUCCESS;
-}
-
-/* ---- stream-ordered allocations and pools ----
- * Charged when called and returned when freed: the simulator's pools keep
- * no freed memory in reserve, so cuMemPoolTrimTo has nothing to trim. */
-
-#define SIM_POOL_MAGIC 0x504f4f4cu
-
-struct sim_pool {
-    uint32_t magic;
-    bool alive;
-    CUdevice ordinal;
-};
-
-static struct sim_pool default_pools[SIM_MAX_DEVICES];
-
-static bool pool_valid(const struct sim_pool *p)
-{
-    return p && p->magic == SIM_POOL_MAGIC && p->alive;
-}
-
-static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, struct sim_pool *pool,
-                            CUstream hStream, bool ptsz)
-{
-    struct sim_stream *s;
-    struct sim_ctx *c;
-    if (!dptr || bytes == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = sim_require_ctx(&c);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if ((rc = sim_stream_resolve(hStream, ptsz, &s)) != CUDA_SUCCESS)
-        return rc;
-    if (s->ctx)
-        c = s->ctx;
-    if (pool) {
-        if (!pool_valid(pool))
-            return CUDA_ERROR_INVALID_VALUE;
-        if (pool->ordinal != c->ordinal)
-            return CUDA_ERROR_INVALID_VALUE;
-    }
-    return alloc_in(c, dptr, bytes);
-}
-
-SIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-    return alloc_async(dptr, bytesize, NULL, hStream, false);
-}
-
-SIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-    return alloc_async(dptr, bytesize, NULL, hStream, true);
-}
-
-SIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
-                                            CUmemoryPool pool, CUstream hStream)
-{
-    return alloc_async(dptr, bytesize, (struct sim_pool *)pool, hStream, false);
-}
-
-SIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
-                                                 CUmemoryPool pool, CUstream hStream)
-{
-    return alloc_async(dptr, bytesize, (struct sim_pool *)pool, hStream, true);
-}
-
-static CUresult free_async(CUdeviceptr dptr, CUstream hStream, bool ptsz)
-{
-    struct sim_stream *s;
-    CUresult rc = sim_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if ((rc = sim_stream_resolve(hStream, ptsz, &s)) != CUDA_SUCCESS)
-        return rc;
-    return dptr ? free_linear(dptr) : CUDA_ERROR_INVALID_VALUE;
-}
-
-SIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
-{
-    return free_async(dptr, hStream, false);
-}
-
-SIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
-{
-    return free_async(dptr, hStream, true);
-}
-
-SIM_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
-{
-    unsigned phys;
-    if (!pool_out)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = sim_ordinal(dev, &phys);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    struct sim_pool *p = &default_pools[dev];
-    p->magic = SIM_POOL_MAGIC;
-    p->ordinal = dev;
-    p->alive = true;
-    *pool_out = (CUmemoryPool)p;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
-{
-    unsigned phys;
-    if (!pool || !poolProps || poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = sim_ordinal(poolProps->location.id, &phys);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    struct sim_pool *p = calloc(1, sizeof *p);
-    if (!p)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    *p = (struct sim_pool){.magic = SIM_POOL_MAGIC, .alive = true,
-                           .ordinal = poolProps->location.id};
-    *pool = (CUmemoryPool)p;
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
-{
-    struct sim_pool *p = (struct sim_pool *)pool;
-    if (!pool_valid(p) || (p >= default_pools && p < default_pools + SIM_MAX_DEVICES))
-        return CUDA_ERROR_INVALID_VALUE;
-    p->alive = false; /* kept allocated: see the handle note in sim.h */
-    return CUDA_SUCCESS;
-}
-
-SIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
-{
-    (void)minBytesToKeep;
-    return pool_valid((struct sim_pool *)pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* ---- copies and memsets: validated; they take no time on the timeline ---- */

@@ -341,7 +341,10 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
 
 /* Fills up to *count entries with the processes holding a context or memory
  * on the device; NVML's sizing protocol: too small -> INSUFFICIENT_SIZE and
- * the needed count. */
+ * the needed count. Each process appears under its host pid (as NVML sees
+ * processes from the host's pid namespace) with all the device memory it
+ * holds: allocations, contexts, pool reserves, local memory, module code,
+ * graph memory. */
 static nvmlReturn_t running(nvmlDevice_t device, unsigned int *count, void *infos, bool v1)
 {
     struct sim_shared *sh;
@@ -361,10 +364,10 @@ static nvmlReturn_t running(nvmlDevice_t device, unsigned int *count, void *info
         if (n < *count && infos) {
             if (v1)
                 ((nvmlProcessInfo_v1_t *)infos)[n] = (nvmlProcessInfo_v1_t){
-                    .pid = (unsigned)p->pid, .usedGpuMemory = p->used[i]};
+                    .pid = (unsigned)p->host_pid, .usedGpuMemory = p->used[i]};
             else
                 ((nvmlProcessInfo_t *)infos)[n] = (nvmlProcessInfo_t){
-                    .pid = (unsigned)p->pid, .usedGpuMemory = p->used[i],
+                    .pid = (unsigned)p->host_pid, .usedGpuMemory = p->used[i],
                     .gpuInstanceId = NVML_NO_INSTANCE, .computeInstanceId = NVML_NO_INSTANCE};
         }
         n++;

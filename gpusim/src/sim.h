@@ -18,7 +18,7 @@
 #include <vcuda/cuda_abi.h>
 
 #define SIM_MAGIC 0x4d49534144554356ULL /* "VCUDASIM" */
-#define SIM_VERSION 2u /* 2: NUMA, NVLink, XID events, lost flag */
+#define SIM_VERSION 3u /* 2: NUMA, NVLink, XID events, lost flag; 3: memory breakdown, host pids */
 #define SIM_MAX_DEVICES 16
 #define SIM_MAX_PROCS 1024
 #define SIM_RUNS 512 /* busy runs kept per device for utilization */
@@ -28,6 +28,19 @@
 #define SIM_SWITCH_LINKS 18 /* 18 links per GPU, as on an HGX H100 board */
 #define SIM_ADDR_BASE 0x100000000000ULL /* fake device addresses start here */
 #define SIM_VMM_GRANULARITY (2ull << 20)
+
+/* What a process's device memory is made of (vcudasim.h VCUDASIM_MEM_*):
+ * sim_proc.used[d] is always the sum of sim_proc.mem[d][*]. */
+enum sim_mem {
+    SIM_MEM_ALLOC = 0,   /* cuMemAlloc*, managed, arrays, cuMemCreate handles */
+    SIM_MEM_CONTEXT = 1, /* per-context overhead */
+    SIM_MEM_POOL = 2,    /* stream-ordered pools: their reservation */
+    SIM_MEM_LOCAL = 3,   /* local memory (stack) above the context's initial one */
+    SIM_MEM_LIMITS = 4,  /* malloc heap, printf FIFO, device-runtime launch pool above defaults */
+    SIM_MEM_MODULE = 5,  /* module data and kernel code */
+    SIM_MEM_GRAPH = 6,   /* the device's graph-memory reserve */
+    SIM_MEM_KINDS = 8    /* room for two more without a layout change */
+};
 
 /* ---- shared state (one file, all processes) ---- */
 
@@ -64,12 +77,13 @@ struct sim_device {
  * between two stores cannot leave the books unbalanced. */
 struct sim_proc {
     int32_t pid; /* 0: free slot */
-    uint32_t pad;
+    int32_t host_pid; /* what NVML reports: pid + the process's VCUDA_SIM_HOST_PID_OFFSET */
     uint64_t start_time; /* /proc/<pid>/stat field 22: survives pid reuse */
     uint64_t used[SIM_MAX_DEVICES];
     uint64_t busy_ns[SIM_MAX_DEVICES];
     uint64_t kernels[SIM_MAX_DEVICES];
     uint32_t contexts[SIM_MAX_DEVICES];
+    uint64_t mem[SIM_MAX_DEVICES][SIM_MEM_KINDS]; /* used[d] broken down */
 };
 
 struct sim_shared {
@@ -87,6 +101,10 @@ struct sim_shared {
      * process sleep on it instead of polling. */
     uint32_t event_gen;
     uint32_t nvswitch; /* 1: all GPUs on an NVSwitch fabric (nvlink_peers unused) */
+    uint32_t sms;            /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
+    uint32_t threads_per_sm; /* CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR */
+    uint64_t pool_chunk;     /* stream-ordered pools grow by multiples of this */
+    uint64_t kernel_code;    /* code bytes of a kernel its image does not describe */
     struct sim_device dev[SIM_MAX_DEVICES];
     struct sim_proc proc[SIM_MAX_PROCS];
 };
@@ -103,6 +121,8 @@ struct sim_config {
     int32_t numa[SIM_MAX_DEVICES];
     uint32_t nvlink_peers[SIM_MAX_DEVICES];
     bool nvswitch;
+    uint32_t sms, threads_per_sm;
+    uint64_t pool_chunk, kernel_code;
 };
 
 /* config.c */
@@ -156,6 +176,7 @@ struct sim_ctx {
     uint64_t last_end_ns; /* completion of everything queued in this context */
     struct sim_stream *legacy;
     unsigned long long id;
+    struct sim_ctx_mem *mem; /* limits and local memory (local_mem.c); NULL until used */
 };
 
 struct sim_graph {
@@ -164,6 +185,7 @@ struct sim_graph {
     bool exec;
     size_t n, cap;
     uint64_t *dur_us;
+    struct sim_graph_mem *mem; /* memory nodes (graph_mem.c); NULL: none */
 };
 
 struct sim_stream {
@@ -188,11 +210,23 @@ struct sim_event {
 
 #define SIM_MODULE_MAGIC 0x4d4f444cu
 
-/* A loaded module or library: any image loads, any name resolves. */
+/* A loaded module or library: any image loads, any name resolves. An image
+ * that is a vcudasim module descriptor (vcudasim.h) gives its kernels local
+ * sizes and code sizes; module.c keeps its text. */
 struct sim_module {
     uint32_t magic;
     bool alive;
+    bool library;        /* cuLibraryLoad*: context-independent */
     struct sim_func *funcs; /* looked-up functions, so repeated lookups share one */
+    char *desc;          /* the descriptor's text, NULL for any other image */
+    uint64_t data_key;   /* allocation-map key of its data (module.c), 0: none */
+};
+
+/* Where a function's code is loaded: one context each (lazy loading). */
+struct sim_code_load {
+    struct sim_ctx *ctx;
+    uint64_t key; /* allocation-map key of the code bytes */
+    struct sim_code_load *next;
 };
 
 /* A function or kernel handle (CUkernel and CUfunction are interchangeable
@@ -202,6 +236,10 @@ struct sim_func {
     struct sim_module *mod;
     char *name;
     struct sim_func *next;
+    uint64_t local_bytes; /* CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES (per thread) */
+    uint64_t code_bytes;  /* charged in each context at its first launch there */
+    struct sim_ctx *ready_ctx; /* last context it was made ready in: the launch fast path */
+    struct sim_code_load *loads;
 };
 
 struct sim_local {
@@ -218,6 +256,7 @@ struct sim_local {
     unsigned primary_flags[SIM_MAX_DEVICES];
     unsigned long long next_ctx_id;
     uint32_t gen;
+    bool eager_modules; /* CUDA_MODULE_LOADING=EAGER at cuInit */
 };
 
 extern struct sim_local sim;
@@ -232,20 +271,79 @@ CUresult sim_require_ctx(struct sim_ctx **out); /* current, alive context */
 bool sim_ctx_valid(const struct sim_ctx *c);
 void sim_local_reset(void); /* after fork: the child starts uninitialised */
 
-/* memory.c: device memory charged to this process; callers hold nothing. */
+/* memory.c: device memory charged to this process; callers hold nothing.
+ * sim_charge/sim_uncharge count as SIM_MEM_ALLOC. */
 CUresult sim_charge(unsigned phys, uint64_t bytes);
 void sim_uncharge(unsigned phys, uint64_t bytes);
+CUresult sim_charge_as(unsigned phys, enum sim_mem kind, uint64_t bytes);
+void sim_uncharge_as(unsigned phys, enum sim_mem kind, uint64_t bytes);
 uint64_t sim_new_address(uint64_t bytes, uint64_t align);
-enum sim_alloc_kind { SIM_ALLOC_LINEAR = 1, SIM_ALLOC_ARRAY, SIM_ALLOC_MIPMAPPED };
+/* What an allocation-map entry is; each kind's bytes count as one enum sim_mem.
+ * POOL, GRAPH and IPC entries carry 0 bytes: their memory is counted elsewhere
+ * (the pool's reservation, the graph reserve) or not at all (an import). */
+enum sim_alloc_kind {
+    SIM_ALLOC_LINEAR = 1, SIM_ALLOC_ARRAY, SIM_ALLOC_MIPMAPPED, /* SIM_MEM_ALLOC */
+    SIM_ALLOC_MODULE, /* SIM_MEM_MODULE: module data, kernel code */
+    SIM_ALLOC_LOCAL,  /* SIM_MEM_LOCAL: a context's local-memory reservation */
+    SIM_ALLOC_LIMITS, /* SIM_MEM_LIMITS: a context's heap / FIFO / launch pool growth */
+    SIM_ALLOC_POOL,   /* a stream-ordered block; owner: its struct pool_block */
+    SIM_ALLOC_IPC     /* a mapping opened with cuIpcOpenMemHandle */
+};
+#define SIM_ALLOC_BIT(k) (1u << (k))
+struct sim_alloc_entry {
+    uint64_t bytes;
+    unsigned phys;
+    enum sim_alloc_kind kind;
+    struct sim_ctx *ctx;
+    void *owner;
+};
 CUresult sim_alloc_record(uint64_t key, uint64_t bytes, struct sim_ctx *ctx,
                           enum sim_alloc_kind kind);
+CUresult sim_alloc_record_owned(uint64_t key, uint64_t bytes, struct sim_ctx *ctx,
+                                enum sim_alloc_kind kind, void *owner);
 CUresult sim_alloc_forget(uint64_t key, enum sim_alloc_kind kind, uint64_t *bytes,
                           unsigned *phys);
+/* Removes the entry at key if its kind is in kinds (SIM_ALLOC_BIT mask),
+ * without uncharging anything. */
+CUresult sim_alloc_take(uint64_t key, unsigned kinds, struct sim_alloc_entry *out);
+bool sim_alloc_find(uint64_t key, unsigned kinds, struct sim_alloc_entry *out); /* no removal */
+/* Records `bytes` of `kind` charged to ctx's device under a fresh key, or
+ * replaces the entry at *key (0: none yet) by one of the new size, charging
+ * or returning the difference. CUDA_ERROR_OUT_OF_MEMORY leaves it as it was. */
+CUresult sim_alloc_resize(uint64_t *key, uint64_t bytes, struct sim_ctx *ctx,
+                          enum sim_alloc_kind kind);
 bool sim_alloc_lookup(uint64_t addr, uint64_t len); /* addr..addr+len inside one allocation */
+CUresult sim_alloc_linear(struct sim_ctx *c, CUdeviceptr *dptr, uint64_t bytes); /* cuMemAlloc */
+CUresult sim_free_pointer(CUdeviceptr dptr); /* cuMemFree: linear, pool or graph allocation */
 void sim_alloc_free_ctx(struct sim_ctx *ctx); /* everything the context owns */
+
+/* vmm.c: physical handles, for export and import (ipc.c). */
+CUresult sim_vmm_describe(uint64_t id, uint64_t *bytes, unsigned *phys, unsigned *handle_types);
+CUresult sim_vmm_adopt(uint64_t bytes, unsigned phys, uint64_t *id); /* an imported handle */
 
 /* module.c */
 bool sim_func_valid(const struct sim_func *f);
+/* Before f runs in ctx: loads its code there (lazy loading) and raises the
+ * context's local memory to its needs. Cheap when both are done already. */
+CUresult sim_func_ready(struct sim_func *f, struct sim_ctx *ctx);
+
+/* local_mem.c: per-context limits and local memory. */
+CUresult sim_local_reserve(struct sim_ctx *ctx, uint64_t per_thread); /* caller holds sim.mu */
+uint64_t sim_ctx_stack(const struct sim_ctx *ctx); /* CU_LIMIT_STACK_SIZE now; no lock needed */
+
+/* pool.c: stream-ordered pools. */
+void sim_pools_release_on_sync(void); /* a synchronize call: trim above thresholds */
+void sim_pool_block_free(void *block); /* an allocation-map POOL entry's owner */
+
+/* graph_mem.c: graph memory nodes; callers hold sim.mu where said. */
+CUresult sim_graph_mem_capture_alloc(struct sim_graph *g, struct sim_ctx *ctx, uint64_t bytes,
+                                     CUdeviceptr *dptr); /* caller holds sim.mu */
+CUresult sim_graph_mem_capture_free(struct sim_graph *g, CUdeviceptr dptr); /* holds sim.mu */
+CUresult sim_graph_mem_instantiate(struct sim_graph *g, struct sim_graph *exec); /* holds sim.mu */
+CUresult sim_graph_mem_map(struct sim_graph *exec, struct sim_stream *s); /* upload / launch */
+void sim_graph_mem_launched(struct sim_graph *exec, struct sim_stream *s); /* its kernels queued */
+void sim_graph_mem_destroy(struct sim_graph *g); /* caller holds sim.mu */
+bool sim_graph_mem_free_outside(CUdeviceptr dptr); /* a graph allocation freed by cuMemFree* */
 
 /* timeline.c: the per-device timeline and the streams that feed it. */
 CUresult sim_stream_resolve(CUstream h, bool ptsz, struct sim_stream **out);
@@ -255,5 +353,7 @@ struct sim_ctx *sim_stream_ctx(const struct sim_stream *s); /* per-thread: curre
 CUresult sim_launch(struct sim_stream *s, uint64_t dur_us);
 void sim_wait(uint64_t t_ns); /* sleeps until CLOCK_MONOTONIC t_ns */
 CUresult sim_graph_append(struct sim_graph *g, uint64_t dur_us); /* caller holds sim.mu */
+struct sim_graph *sim_graph_new(bool exec);
+struct sim_graph *sim_graph_of(void *h, bool exec); /* a live graph (exec: executable) or NULL */
 
 #endif /* VCUDA_GPUSIM_SIM_H */

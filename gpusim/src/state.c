@@ -32,6 +32,10 @@ static void init_shared(struct sim_shared *sh, const struct sim_config *cfg)
     sh->driver_version = cfg->driver_version;
     sh->next_addr = SIM_ADDR_BASE;
     sh->nvswitch = cfg->nvswitch;
+    sh->sms = cfg->sms;
+    sh->threads_per_sm = cfg->threads_per_sm;
+    sh->pool_chunk = cfg->pool_chunk;
+    sh->kernel_code = cfg->kernel_code;
     for (unsigned i = 0; i < cfg->ndev; i++) {
         memcpy(sh->dev[i].uuid, cfg->uuid[i], SIM_STR);
         memcpy(sh->dev[i].name, cfg->name[i], SIM_STR);
@@ -234,6 +238,7 @@ int sim_proc_attach(struct sim_shared *sh, pid_t pid)
     struct sim_proc *pr = &sh->proc[free_slot];
     memset(pr, 0, sizeof *pr);
     pr->start_time = st;
+    pr->host_pid = pid; /* the caller may set another (a simulated pid namespace) */
     pr->pid = pid; /* last: the slot counts from here on */
     if ((uint32_t)free_slot >= sh->nproc_hw)
         sh->nproc_hw = (uint32_t)free_slot + 1;

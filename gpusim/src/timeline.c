@@ -240,6 +240,7 @@ static CUresult stream_sync(CUstream h, bool ptsz)
     if (capturing)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     sim_wait(t);
+    sim_pools_release_on_sync();
     return CUDA_SUCCESS;
 }
 
@@ -362,6 +363,7 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
     uint64_t t = e->recorded ? e->time_ns : 0;
     pthread_mutex_unlock(&sim.mu);
     sim_wait(t);
+    sim_pools_release_on_sync();
     return CUDA_SUCCESS;
 }
 

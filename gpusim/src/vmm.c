@@ -1,7 +1,9 @@
 /* Virtual memory management (cuMemCreate & co.). Physical handles are charged
  * at cuMemCreate and returned when released *and* no longer mapped, as on a
  * real driver. They belong to the process, not to a context: cuCtxDestroy
- * leaves them alone. Granularity is 2 MiB; sizes must be multiples of it. */
+ * leaves them alone. Granularity is 2 MiB; sizes must be multiples of it.
+ * A handle imported from another process (ipc.c) is mapped like any other
+ * but never charged: its creator holds the memory. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 
@@ -12,7 +14,9 @@ struct handle {
     uint64_t id, bytes;
     unsigned phys;
     unsigned maps;
+    unsigned handle_types; /* CUmemAllocationProp.requestedHandleTypes */
     bool released;
+    bool imported; /* cuMemImportFromShareableHandle: its creator is charged, not us */
     struct handle *next;
 };
 
@@ -45,7 +49,8 @@ static void maybe_free(struct handle *h)
             break;
         }
     }
-    sim_uncharge(h->phys, h->bytes);
+    if (!h->imported)
+        sim_uncharge(h->phys, h->bytes);
     free(h);
 }
 
@@ -94,11 +99,42 @@ SIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
     h->id = sim_new_address(0, 0); /* unique, never 0 */
     h->bytes = size;
     h->phys = phys;
+    h->handle_types = (unsigned)prop->requestedHandleTypes;
     pthread_mutex_lock(&vmu);
     h->next = handles;
     handles = h;
     pthread_mutex_unlock(&vmu);
     *handle = h->id;
+    return CUDA_SUCCESS;
+}
+
+CUresult sim_vmm_describe(uint64_t id, uint64_t *bytes, unsigned *phys, unsigned *handle_types)
+{
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&vmu);
+    const struct handle *h = find_handle(id);
+    if (h && !h->released && !h->imported) {
+        *bytes = h->bytes;
+        *phys = h->phys;
+        *handle_types = h->handle_types;
+        rc = CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&vmu);
+    return rc;
+}
+
+CUresult sim_vmm_adopt(uint64_t bytes, unsigned phys, uint64_t *id)
+{
+    struct handle *h = calloc(1, sizeof *h);
+    if (!h)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *h = (struct handle){.id = sim_new_address(0, 0), .bytes = bytes, .phys = phys,
+                         .imported = true};
+    pthread_mutex_lock(&vmu);
+    h->next = handles;
+    handles = h;
+    pthread_mutex_unlock(&vmu);
+    *id = h->id;
     return CUDA_SUCCESS;
 }
 

@@ -40,6 +40,7 @@ typedef struct {
     uint64_t peak;
     uint64_t oom_denials;
     uint64_t context_overhead;
+    uint64_t unattributed; /* part of used: what the reconciler found that no hook charged */
 } vcuda_device_usage;
 
 typedef struct {
@@ -60,6 +61,10 @@ VCUDA_API int vcuda_ledger_read_processes(vcuda_ledger_map *ledger, vcuda_proces
 VCUDA_API int vcuda_ledger_reclaim_dead(vcuda_ledger_map *ledger);
 /* Sets the limit recorded for a device (creating its record); -1 when full. */
 VCUDA_API int vcuda_ledger_set_limit(vcuda_ledger_map *ledger, const char *uuid, uint64_t limit);
+/* Sets the bytes of the device (creating its record) that the memory
+ * reconciler found in use but no hook charged; `used` moves by the change,
+ * so later allocations must fit beneath it. -1 when the ledger is full. */
+VCUDA_API int vcuda_ledger_set_unattributed(vcuda_ledger_map *ledger, const char *uuid, uint64_t bytes);
 
 #ifdef __cplusplus
 }

@@ -10,9 +10,12 @@
 #include <unistd.h>
 
 #include "alloc_map.h"
+#include "local_mem.h"
 #include "log.h"
+#include "pool.h"
 #include "prim.h"
 #include "process.h"
+#include "quota.h"
 #include "real_driver.h"
 
 #define MAX_CONTEXTS 256
@@ -69,15 +72,19 @@ static struct context *add_locked(CUcontext ctx) {
 
 static void release_alloc(const struct vcuda_alloc *a, void *arg) {
     (void)arg;
-    vcuda_ledger_release(&vcuda_proc.ledger, vcuda_proc.slot, a->dev, a->bytes);
+    vcuda_quota_give(a->dev, a->bytes);
 }
 
 /* The driver frees a context's allocations with it. */
 static void drop_locked(struct context *c) {
     CUcontext ctx = atomic_load(&c->ctx);
-    if (c->overhead) vcuda_ledger_release(&vcuda_proc.ledger, vcuda_proc.slot, c->dev_index, c->overhead);
+    vcuda_quota_give(c->dev_index, c->overhead);
     vcuda_alloc_take_context(ctx, release_alloc, NULL);
+    vcuda_local_context_gone(ctx);
     atomic_store_explicit(&c->ctx, NULL, memory_order_release);
+    /* Pools outlive contexts, but what the driver freed with this one may
+     * have changed what they reserve. */
+    vcuda_pools_refresh_device(c->ordinal);
 }
 
 /* Device-wide free memory from NVML, or UINT64_MAX when NVML cannot tell. */
@@ -135,7 +142,7 @@ CUresult vcuda_context_before_create(CUdevice ordinal, bool primary, uint64_t *c
         return CUDA_SUCCESS;
     }
     if (overhead == OVERHEAD_UNMEASURABLE) return CUDA_SUCCESS;
-    if (!vcuda_ledger_reserve(&vcuda_proc.ledger, vcuda_proc.slot, dev, overhead, limit)) {
+    if (!vcuda_quota_take(dev, overhead, limit)) {
         vcuda_info("context on device %d refused: its %llu bytes of overhead exceed the quota",
                    ordinal, (unsigned long long)overhead);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -165,7 +172,7 @@ static bool charge_measured(CUdevice ordinal, int dev, uint64_t limit, uint64_t 
         atomic_store(&d->overhead_measurer, 0);
     }
     if (overhead == OVERHEAD_UNMEASURABLE) return true;
-    if (!vcuda_ledger_reserve(&vcuda_proc.ledger, vcuda_proc.slot, dev, overhead, limit)) return false;
+    if (!vcuda_quota_take(dev, overhead, limit)) return false;
     *charged = overhead;
     return true;
 }
@@ -183,7 +190,7 @@ CUresult vcuda_context_after_create(CUresult rc, CUcontext ctx, CUdevice ordinal
     int dev = vcuda_device_index(ordinal, &limit, &dev_rc);
     if (dev >= 0 && (rc != CUDA_SUCCESS || charged)) stop_measuring(dev);
     if (rc != CUDA_SUCCESS || dev < 0) {
-        if (charged && dev >= 0) vcuda_ledger_release(&vcuda_proc.ledger, vcuda_proc.slot, dev, charged);
+        if (dev >= 0) vcuda_quota_give(dev, charged);
         return rc;
     }
     pthread_mutex_lock(&context_lock);
@@ -193,7 +200,7 @@ CUresult vcuda_context_after_create(CUresult rc, CUcontext ctx, CUdevice ordinal
         c->refs++;
         pthread_mutex_unlock(&context_lock);
         stop_measuring(dev);
-        if (charged) vcuda_ledger_release(&vcuda_proc.ledger, vcuda_proc.slot, dev, charged);
+        vcuda_quota_give(dev, charged);
         return CUDA_SUCCESS;
     }
     if (charged == 0 && !charge_measured(ordinal, dev, limit, nvml_free_before, &charged)) {

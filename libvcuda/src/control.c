@@ -81,6 +81,7 @@ VCUDA_API int vcuda_ledger_read_devices(vcuda_ledger_map *map, vcuda_device_usag
         u->oom_denials = atomic_load(&d->oom_denials);
         uint64_t overhead = atomic_load(&d->context_overhead);
         u->context_overhead = overhead == UINT64_MAX ? 0 : overhead; /* UINT64_MAX: unmeasurable */
+        u->unattributed = atomic_load(&d->unattributed);
     }
     return n;
 }
@@ -108,6 +109,13 @@ VCUDA_API int vcuda_ledger_set_limit(vcuda_ledger_map *map, const char *uuid, ui
     /* Pin first: a process naming the device now keeps this limit, not its own. */
     atomic_store(&map->ledger.file->devices[dev].limit_pinned, 1);
     atomic_store(&map->ledger.file->devices[dev].limit, limit);
+    return 0;
+}
+
+VCUDA_API int vcuda_ledger_set_unattributed(vcuda_ledger_map *map, const char *uuid, uint64_t bytes) {
+    int dev = vcuda_ledger_device(&map->ledger, uuid);
+    if (dev < 0) return -1;
+    vcuda_ledger_charge_unattributed(&map->ledger, dev, bytes);
     return 0;
 }
 

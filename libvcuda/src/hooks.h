@@ -58,6 +58,50 @@
       (dptr, bytesize, pool, stream))                                                              \
     X(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), (dptr, stream))                         \
     X(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), (dptr, stream))                    \
+    X(cuMemPoolCreate, (CUmemoryPool *pool, const CUmemPoolProps *props), (pool, props))           \
+    X(cuMemPoolDestroy, (CUmemoryPool pool), (pool))                                               \
+    X(cuMemPoolTrimTo, (CUmemoryPool pool, size_t minBytesToKeep), (pool, minBytesToKeep))         \
+    X(cuMemPoolSetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void *value),           \
+      (pool, attr, value))                                                                         \
+    X(cuDeviceSetMemPool, (CUdevice dev, CUmemoryPool pool), (dev, pool))                          \
+    X(cuStreamSynchronize, (CUstream stream), (stream))                                            \
+    X(cuStreamSynchronize_ptsz, (CUstream stream), (stream))                                       \
+    X(cuCtxSynchronize, (void), ())                                                                \
+    X(cuCtxSynchronize_v2, (CUcontext ctx), (ctx))                                                 \
+    X(cuEventSynchronize, (CUevent event), (event))                                                \
+    X(cuModuleGetFunction, (CUfunction *hfunc, CUmodule hmod, const char *name),                   \
+      (hfunc, hmod, name))                                                                         \
+    X(cuKernelGetFunction, (CUfunction *pFunc, CUkernel kernel), (pFunc, kernel))                  \
+    X(cuLibraryGetKernel, (CUkernel *pKernel, CUlibrary library, const char *name),                \
+      (pKernel, library, name))                                                                    \
+    X(cuCtxSetLimit, (CUlimit limit, size_t value), (limit, value))                                \
+    X(cuStreamBeginCapture_v2, (CUstream hStream, CUstreamCaptureMode mode), (hStream, mode))      \
+    X(cuStreamBeginCapture_v2_ptsz, (CUstream hStream, CUstreamCaptureMode mode),                  \
+      (hStream, mode))                                                                             \
+    X(cuStreamEndCapture, (CUstream hStream, CUgraph *phGraph), (hStream, phGraph))                \
+    X(cuStreamEndCapture_ptsz, (CUstream hStream, CUgraph *phGraph), (hStream, phGraph))           \
+    X(cuGraphAddMemAllocNode,                                                                      \
+      (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,                  \
+       size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams),                            \
+      (phGraphNode, hGraph, dependencies, numDependencies, nodeParams))                            \
+    X(cuGraphDestroy, (CUgraph hGraph), (hGraph))                                                  \
+    X(cuGraphInstantiateWithFlags,                                                                 \
+      (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags),                        \
+      (phGraphExec, hGraph, flags))                                                                \
+    X(cuGraphInstantiate_v2,                                                                       \
+      (CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,        \
+       size_t bufferSize),                                                                         \
+      (phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize))                                   \
+    X(cuGraphInstantiateWithParams,                                                                \
+      (CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *params),           \
+      (phGraphExec, hGraph, params))                                                               \
+    X(cuGraphInstantiateWithParams_ptsz,                                                           \
+      (CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *params),           \
+      (phGraphExec, hGraph, params))                                                               \
+    X(cuGraphUpload, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))            \
+    X(cuGraphUpload_ptsz, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))       \
+    X(cuGraphExecDestroy, (CUgraphExec hGraphExec), (hGraphExec))                                  \
+    X(cuDeviceGraphMemTrim, (CUdevice device), (device))                                           \
     X(cuMemCreate,                                                                                 \
       (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,         \
        unsigned long long flags),                                                                  \
@@ -105,7 +149,15 @@
     X(cuStreamGetCtx, (CUstream stream, CUcontext *pctx))                                          \
     X(cuDeviceGetUuid_v2, (CUuuid *uuid, CUdevice dev))                                            \
     X(cuDeviceGetUuid, (CUuuid *uuid, CUdevice dev))                                               \
-    X(cuCtxSynchronize, (void))
+    X(cuDeviceGetAttribute, (int *pi, CUdevice_attribute attrib, CUdevice dev))                    \
+    X(cuCtxGetLimit, (size_t *pvalue, CUlimit limit))                                              \
+    X(cuFuncGetAttribute, (int *pi, CUfunction_attribute attrib, CUfunction hfunc))                \
+    X(cuKernelGetAttribute, (int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev)) \
+    X(cuDeviceGetDefaultMemPool, (CUmemoryPool *pool, CUdevice dev))                               \
+    X(cuDeviceGetMemPool, (CUmemoryPool *pool, CUdevice dev))                                      \
+    X(cuMemPoolGetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void *value))           \
+    X(cuStreamIsCapturing, (CUstream stream, CUstreamCaptureStatus *status))                       \
+    X(cuDeviceGetGraphMemAttribute, (CUdevice device, CUgraphMem_attribute attr, void *value))
 
 #define VCUDA_NVML_USED(X)                                                                         \
     X(nvmlInit_v2, (void))                                                                         \
@@ -129,7 +181,8 @@ struct vcuda_real_nvml {
 extern struct vcuda_real_cuda vcuda_real;
 extern struct vcuda_real_nvml vcuda_real_nvml;
 
-/* The implementations behind the exported names (memory.c, interpose.c, nvml_view.c). */
+/* The implementations behind the exported names (memory.c, pool.c, local_mem.c,
+ * graph_mem.c, context_hooks.c, launch_hooks.c, interpose.c, nvml_view.c). */
 #define VCUDA_PROTO(name, params, args) CUresult vc_##name params;
 VCUDA_CUDA_HOOKS(VCUDA_PROTO)
 #undef VCUDA_PROTO

@@ -97,6 +97,10 @@ void *vcuda_hook_for_proc(const char *symbol, void *real_fn) {
         known_base = true;
         if (*hooks[i].real == real_fn) return hooks[i].wrapper;
     }
+    /* A base name may map to an entry point of another name (cuGraphInstantiate
+     * -> cuGraphInstantiateWithFlags from 12000): its address says which. */
+    for (size_t i = 0; i < HOOK_COUNT; i++)
+        if (*hooks[i].real == real_fn) return hooks[i].wrapper;
     if (known_base)
         vcuda_warn("cuGetProcAddress(\"%s\") returned an entry point vcuda does not know; passing it through",
                    symbol);

@@ -224,6 +224,14 @@ int vcuda_ledger_reclaim(struct vcuda_ledger *ledger) {
     return reclaimed;
 }
 
+static void raise_peak(struct vcuda_ledger_device *d, uint64_t now) {
+    uint64_t peak = atomic_load_explicit(&d->peak, memory_order_relaxed);
+    while (now > peak &&
+           !atomic_compare_exchange_weak_explicit(&d->peak, &peak, now, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+    }
+}
+
 static bool try_reserve(struct vcuda_ledger_device *d, uint64_t bytes, uint64_t limit) {
     uint64_t used = atomic_load_explicit(&d->used, memory_order_relaxed);
     for (;;) {
@@ -232,27 +240,38 @@ static bool try_reserve(struct vcuda_ledger_device *d, uint64_t bytes, uint64_t 
                                                   memory_order_acq_rel, memory_order_relaxed))
             break;
     }
-    uint64_t now = used + bytes;
-    uint64_t peak = atomic_load_explicit(&d->peak, memory_order_relaxed);
-    while (now > peak &&
-           !atomic_compare_exchange_weak_explicit(&d->peak, &peak, now, memory_order_relaxed,
-                                                  memory_order_relaxed)) {
-    }
+    raise_peak(d, used + bytes);
     return true;
+}
+
+bool vcuda_ledger_reserve_quiet(struct vcuda_ledger *ledger, int slot, int dev, uint64_t bytes,
+                                uint64_t limit) {
+    struct vcuda_ledger_device *d = &ledger->file->devices[dev];
+    /* A dead process's usage is returned before anyone is refused. */
+    if (!try_reserve(d, bytes, limit) && (vcuda_ledger_reclaim(ledger) == 0 || !try_reserve(d, bytes, limit)))
+        return false;
+    atomic_fetch_add_explicit(&ledger->file->procs[slot].used[dev], bytes, memory_order_relaxed);
+    return true;
+}
+
+void vcuda_ledger_count_denial(struct vcuda_ledger *ledger, int dev) {
+    atomic_fetch_add_explicit(&ledger->file->devices[dev].oom_denials, 1, memory_order_relaxed);
 }
 
 bool vcuda_ledger_reserve(struct vcuda_ledger *ledger, int slot, int dev, uint64_t bytes,
                           uint64_t limit) {
+    if (vcuda_ledger_reserve_quiet(ledger, slot, dev, bytes, limit)) return true;
+    vcuda_ledger_count_denial(ledger, dev);
+    return false;
+}
+
+void vcuda_ledger_charge_unattributed(struct vcuda_ledger *ledger, int dev, uint64_t bytes) {
     struct vcuda_ledger_device *d = &ledger->file->devices[dev];
-    if (!try_reserve(d, bytes, limit)) {
-        /* A dead process's usage is returned before anyone is refused. */
-        if (vcuda_ledger_reclaim(ledger) == 0 || !try_reserve(d, bytes, limit)) {
-            atomic_fetch_add_explicit(&d->oom_denials, 1, memory_order_relaxed);
-            return false;
-        }
-    }
-    atomic_fetch_add_explicit(&ledger->file->procs[slot].used[dev], bytes, memory_order_relaxed);
-    return true;
+    uint64_t old = atomic_exchange_explicit(&d->unattributed, bytes, memory_order_acq_rel);
+    if (bytes > old)
+        raise_peak(d, atomic_fetch_add_explicit(&d->used, bytes - old, memory_order_acq_rel) + bytes - old);
+    else if (old > bytes)
+        atomic_fetch_sub_explicit(&d->used, old - bytes, memory_order_acq_rel);
 }
 
 void vcuda_ledger_release(struct vcuda_ledger *ledger, int slot, int dev, uint64_t bytes) {

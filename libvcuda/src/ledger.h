@@ -36,7 +36,13 @@ struct vcuda_ledger_device {
     /* 1: `limit` was set through vcuda_ledger_set_limit (the device plugin, live
      * quota changes) and wins over every process's VCUDA_MEMORY_LIMIT. */
     _Atomic uint64_t limit_pinned;
-    uint64_t reserved[9];
+    /* Bytes the memory reconciler found on the GPU that no hook charged (lazy
+     * module code, context growth, processes without the shim): included in
+     * `used`, so every later reservation must fit beneath it. Only
+     * vcuda_ledger_charge_unattributed writes it (the node agent, `vcuda run`);
+     * it was reserved[0] before, so the layout and version are unchanged. */
+    _Atomic uint64_t unattributed;
+    uint64_t reserved[8];
 };
 
 /* owner = pid << 8 | state, so pid and state change together in one CAS. */
@@ -95,7 +101,16 @@ void vcuda_ledger_detach(struct vcuda_ledger *ledger, int slot);
  * processes' usage once before refusing. */
 bool vcuda_ledger_reserve(struct vcuda_ledger *ledger, int slot, int dev, uint64_t bytes,
                           uint64_t limit);
+/* The same without counting a refusal as an OOM denial: for a caller that
+ * tries again (trim before deny, quota.c). */
+bool vcuda_ledger_reserve_quiet(struct vcuda_ledger *ledger, int slot, int dev, uint64_t bytes,
+                                uint64_t limit);
+void vcuda_ledger_count_denial(struct vcuda_ledger *ledger, int dev);
 void vcuda_ledger_release(struct vcuda_ledger *ledger, int slot, int dev, uint64_t bytes);
+
+/* Makes the device's unattributed charge `bytes`, moving `used` by the
+ * difference (it may then exceed the limit: the memory is in use). */
+void vcuda_ledger_charge_unattributed(struct vcuda_ledger *ledger, int dev, uint64_t bytes);
 
 /* Release the usage of every slot whose process is gone. Returns how many. */
 int vcuda_ledger_reclaim(struct vcuda_ledger *ledger);

@@ -1,5 +1,6 @@
 /* Memory quota hooks (DESIGN.md "Memory"): every allocation API is charged in
- * the ledger BEFORE the driver is called and rolled back if the driver fails,
+ * the ledger BEFORE the driver is called and rolled back if the driver fails
+ * (stream-ordered pools are charged by their reservation instead: pool.c),
  * so a request over the quota returns CUDA_ERROR_OUT_OF_MEMORY and allocates
  * nothing. Frees take the record out first, so an address the driver hands
  * out again cannot meet a stale record. A pointer the shim never saw passes
@@ -17,6 +18,7 @@
 #include "hooks.h"
 #include "log.h"
 #include "process.h"
+#include "quota.h"
 #include "real_driver.h"
 
 /* A pending charge: reserved before the driver call, kept or undone after. */
@@ -34,7 +36,7 @@ static CUresult charge_begin(struct charge *c, CUdevice ordinal, CUcontext ctx, 
     CUresult rc;
     int dev = vcuda_device_index(ordinal, &c->limit, &rc);
     if (dev < 0 || bytes == 0) return CUDA_SUCCESS; /* the driver reports the bad argument */
-    if (!vcuda_ledger_reserve(&vcuda_proc.ledger, vcuda_proc.slot, dev, bytes, c->limit)) {
+    if (!vcuda_quota_take(dev, bytes, c->limit)) {
         vcuda_info("allocation of %llu bytes on device %d refused: over the quota of %llu bytes",
                    (unsigned long long)bytes, ordinal, (unsigned long long)c->limit);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -57,21 +59,11 @@ static CUresult charge_current(struct charge *c, uint64_t bytes) {
     return charge_begin(c, ordinal, ctx, bytes);
 }
 
-static CUresult charge_stream(struct charge *c, CUstream stream, uint64_t bytes) {
-    memset(c, 0, sizeof *c);
-    CUresult rc = vcuda_process_ready();
-    if (rc != CUDA_SUCCESS) return rc;
-    CUcontext ctx;
-    CUdevice ordinal;
-    if (vcuda_stream_device(stream, &ctx, &ordinal) != CUDA_SUCCESS) return CUDA_SUCCESS;
-    return charge_begin(c, ordinal, ctx, bytes);
-}
-
 /* Keeps the charge under `key` when the driver succeeded, undoes it otherwise. */
 static void charge_end(const struct charge *c, CUresult rc, uint8_t kind, uint64_t key) {
     if (!c->tracked) return;
     if (rc != CUDA_SUCCESS) {
-        vcuda_ledger_release(&vcuda_proc.ledger, vcuda_proc.slot, c->dev, c->bytes);
+        vcuda_quota_give(c->dev, c->bytes);
         return;
     }
     struct vcuda_alloc a = {.key = key, .bytes = c->bytes, .ctx = c->ctx, .dev = (int16_t)c->dev, .kind = kind};
@@ -87,7 +79,7 @@ static bool uncharge_begin(uint8_t kind, uint64_t key, struct vcuda_alloc *a) {
 
 static void uncharge_end(bool found, const struct vcuda_alloc *a, CUresult rc) {
     if (!found) return;
-    if (rc == CUDA_SUCCESS) vcuda_ledger_release(&vcuda_proc.ledger, vcuda_proc.slot, a->dev, a->bytes);
+    if (rc == CUDA_SUCCESS) vcuda_quota_give(a->dev, a->bytes);
     else vcuda_alloc_insert(a); /* the driver kept it: so do we */
 }
 
@@ -137,10 +129,10 @@ CUresult vc_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widthByt
     if (rc == CUDA_SUCCESS && c.tracked) {
         uint64_t actual = (uint64_t)*pitch * height;
         if (actual < c.bytes) {
-            vcuda_ledger_release(&vcuda_proc.ledger, vcuda_proc.slot, c.dev, c.bytes - actual);
+            vcuda_quota_give(c.dev, c.bytes - actual);
             c.bytes = actual;
         } else if (actual > c.bytes) {
-            if (!vcuda_ledger_reserve(&vcuda_proc.ledger, vcuda_proc.slot, c.dev, actual - c.bytes, c.limit)) {
+            if (!vcuda_quota_take(c.dev, actual - c.bytes, c.limit)) {
                 vcuda_real.cuMemFree_v2(*dptr);
                 *dptr = 0;
                 charge_end(&c, CUDA_ERROR_OUT_OF_MEMORY, VCUDA_ALLOC_PTR, 0);
@@ -161,74 +153,6 @@ CUresult vc_cuMemFree_v2(CUdeviceptr dptr) {
     rc = vcuda_real.cuMemFree_v2(dptr);
     uncharge_end(found, &a, rc);
     return rc;
-}
-
-/* ---- stream-ordered allocations ----------------------------------------- */
-
-typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
-typedef CUresult (*alloc_pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
-typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
-
-/* Charged at the call for the bytes asked; the pool's cached but unused memory
- * is the driver's and is not charged. */
-static CUresult alloc_async(alloc_async_fn *slot, const char *name, CUdeviceptr *dptr, size_t bytes,
-                            CUstream stream) {
-    CUresult rc = vcuda_real_ready((void **)slot, name);
-    if (rc != CUDA_SUCCESS) return rc;
-    alloc_async_fn real = *slot;
-    if (vcuda_config.disabled) return real(dptr, bytes, stream);
-    struct charge c;
-    rc = charge_stream(&c, stream, bytes);
-    if (rc != CUDA_SUCCESS) return rc;
-    rc = real(dptr, bytes, stream);
-    charge_end(&c, rc, VCUDA_ALLOC_PTR, rc == CUDA_SUCCESS ? *dptr : 0);
-    return rc;
-}
-
-static CUresult alloc_pool(alloc_pool_fn *slot, const char *name, CUdeviceptr *dptr, size_t bytes,
-                           CUmemoryPool pool, CUstream stream) {
-    CUresult rc = vcuda_real_ready((void **)slot, name);
-    if (rc != CUDA_SUCCESS) return rc;
-    alloc_pool_fn real = *slot;
-    if (vcuda_config.disabled) return real(dptr, bytes, pool, stream);
-    struct charge c;
-    rc = charge_stream(&c, stream, bytes);
-    if (rc != CUDA_SUCCESS) return rc;
-    rc = real(dptr, bytes, pool, stream);
-    charge_end(&c, rc, VCUDA_ALLOC_PTR, rc == CUDA_SUCCESS ? *dptr : 0);
-    return rc;
-}
-
-static CUresult free_async(free_async_fn *slot, const char *name, CUdeviceptr dptr, CUstream stream) {
-    CUresult rc = vcuda_real_ready((void **)slot, name);
-    if (rc != CUDA_SUCCESS) return rc;
-    free_async_fn real = *slot;
-    struct vcuda_alloc a;
-    bool found = uncharge_begin(VCUDA_ALLOC_PTR, dptr, &a);
-    rc = real(dptr, stream);
-    uncharge_end(found, &a, rc);
-    return rc;
-}
-
-CUresult vc_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream) {
-    return alloc_async(&vcuda_real.cuMemAllocAsync, "cuMemAllocAsync", dptr, bytesize, stream);
-}
-CUresult vc_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream) {
-    return alloc_async(&vcuda_real.cuMemAllocAsync_ptsz, "cuMemAllocAsync_ptsz", dptr, bytesize, stream);
-}
-CUresult vc_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
-    return alloc_pool(&vcuda_real.cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", dptr, bytesize, pool, stream);
-}
-CUresult vc_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                         CUstream stream) {
-    return alloc_pool(&vcuda_real.cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync_ptsz", dptr,
-                      bytesize, pool, stream);
-}
-CUresult vc_cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
-    return free_async(&vcuda_real.cuMemFreeAsync, "cuMemFreeAsync", dptr, stream);
-}
-CUresult vc_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
-    return free_async(&vcuda_real.cuMemFreeAsync_ptsz, "cuMemFreeAsync_ptsz", dptr, stream);
 }
 
 /* ---- virtual memory management ------------------------------------------ */

@@ -8,6 +8,9 @@
 #include "alloc_map.h"
 #include "config.h"
 #include "context.h"
+#include "graph_mem.h"
+#include "local_mem.h"
+#include "pool.h"
 #include "log.h"
 #include "prim.h"
 #include "real_driver.h"
@@ -149,6 +152,9 @@ static void after_fork_child(void) {
     vcuda_proc.slot = -1;
     vcuda_alloc_reset_after_fork();
     vcuda_context_reset_after_fork();
+    vcuda_pools_reset_after_fork();
+    vcuda_local_reset_after_fork();
+    vcuda_graph_mem_reset_after_fork();
 }
 
 /* Process exit: the driver frees everything, so the slot's usage goes back. */

@@ -6,9 +6,14 @@
  *                cuGetProcAddress itself, comes through it, like cudart 12/13
  *                (--cuda-version=N, --ptds for the per-thread-stream flag)
  * then runs the commands on its command line, printing one line each:
- *   "<command> rc=<CUresult> [key=value...]". See tests/libvcuda for usage. */
+ *   "<command> rc=<CUresult> [key=value...]". See tests/libvcuda for usage.
+ * With --stdin it then reads more commands from stdin, one per line, and
+ * ends each command's output with a line "--", so a test can look at the
+ * simulator and the ledger between any two steps. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -55,6 +60,38 @@ static struct {
     CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                        CUstream, void **, void **);
     CUresult (*ctx_sync)(void);
+    /* pools, local memory, graphs, sharing (issue 12) */
+    CUresult (*pool_create)(CUmemoryPool *, const CUmemPoolProps *);
+    CUresult (*pool_destroy)(CUmemoryPool);
+    CUresult (*pool_trim)(CUmemoryPool, size_t);
+    CUresult (*pool_set_attr)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*pool_get_attr)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*set_mem_pool)(CUdevice, CUmemoryPool);
+    CUresult (*ctx_set_limit)(CUlimit, size_t);
+    CUresult (*ctx_get_limit)(size_t *, CUlimit);
+    CUresult (*library_load)(CUlibrary *, const void *, CUjit_option *, void **, unsigned, CUlibraryOption *, void **,
+                             unsigned);
+    CUresult (*library_kernel)(CUkernel *, CUlibrary, const char *);
+    CUresult (*kernel_function)(CUfunction *, CUkernel);
+    CUresult (*stream_create)(CUstream *, unsigned);
+    CUresult (*begin_capture)(CUstream, CUstreamCaptureMode);
+    CUresult (*end_capture)(CUstream, CUgraph *);
+    CUresult (*graph_instantiate)(CUgraphExec *, CUgraph, unsigned long long);
+    CUresult (*graph_launch)(CUgraphExec, CUstream);
+    CUresult (*graph_upload)(CUgraphExec, CUstream);
+    CUresult (*graph_exec_destroy)(CUgraphExec);
+    CUresult (*graph_destroy)(CUgraph);
+    CUresult (*graph_create)(CUgraph *, unsigned);
+    CUresult (*graph_add_alloc)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
+    CUresult (*graph_mem_trim)(CUdevice);
+    CUresult (*graph_mem_attr)(CUdevice, CUgraphMem_attribute, void *);
+    CUresult (*export_handle)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long);
+    CUresult (*import_handle)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
+    CUresult (*address_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*mem_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    CUresult (*mem_set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    CUresult (*ipc_get)(CUipcMemHandle *, CUdeviceptr);
+    CUresult (*ipc_open)(CUdeviceptr *, CUipcMemHandle, unsigned);
 } cu;
 
 /* name in the driver (dlsym door), base name (getProcAddress door), slot */
@@ -85,7 +122,37 @@ static struct {
     X("cuModuleLoadData", "cuModuleLoadData", module_load)                       \
     X("cuModuleGetFunction", "cuModuleGetFunction", module_function)             \
     X("cuLaunchKernel", "cuLaunchKernel", launch)                                \
-    X("cuCtxSynchronize", "cuCtxSynchronize", ctx_sync)
+    X("cuCtxSynchronize", "cuCtxSynchronize", ctx_sync)                          \
+    X("cuMemPoolCreate", "cuMemPoolCreate", pool_create)                         \
+    X("cuMemPoolDestroy", "cuMemPoolDestroy", pool_destroy)                      \
+    X("cuMemPoolTrimTo", "cuMemPoolTrimTo", pool_trim)                           \
+    X("cuMemPoolSetAttribute", "cuMemPoolSetAttribute", pool_set_attr)           \
+    X("cuMemPoolGetAttribute", "cuMemPoolGetAttribute", pool_get_attr)           \
+    X("cuDeviceSetMemPool", "cuDeviceSetMemPool", set_mem_pool)                  \
+    X("cuCtxSetLimit", "cuCtxSetLimit", ctx_set_limit)                           \
+    X("cuCtxGetLimit", "cuCtxGetLimit", ctx_get_limit)                           \
+    X("cuLibraryLoadData", "cuLibraryLoadData", library_load)                    \
+    X("cuLibraryGetKernel", "cuLibraryGetKernel", library_kernel)                \
+    X("cuKernelGetFunction", "cuKernelGetFunction", kernel_function)             \
+    X("cuStreamCreate", "cuStreamCreate", stream_create)                         \
+    X("cuStreamBeginCapture_v2", "cuStreamBeginCapture", begin_capture)          \
+    X("cuStreamEndCapture", "cuStreamEndCapture", end_capture)                   \
+    X("cuGraphInstantiateWithFlags", "cuGraphInstantiate", graph_instantiate)    \
+    X("cuGraphLaunch", "cuGraphLaunch", graph_launch)                            \
+    X("cuGraphUpload", "cuGraphUpload", graph_upload)                            \
+    X("cuGraphExecDestroy", "cuGraphExecDestroy", graph_exec_destroy)            \
+    X("cuGraphDestroy", "cuGraphDestroy", graph_destroy)                         \
+    X("cuGraphCreate", "cuGraphCreate", graph_create)                            \
+    X("cuGraphAddMemAllocNode", "cuGraphAddMemAllocNode", graph_add_alloc)       \
+    X("cuDeviceGraphMemTrim", "cuDeviceGraphMemTrim", graph_mem_trim)            \
+    X("cuDeviceGetGraphMemAttribute", "cuDeviceGetGraphMemAttribute", graph_mem_attr) \
+    X("cuMemExportToShareableHandle", "cuMemExportToShareableHandle", export_handle) \
+    X("cuMemImportFromShareableHandle", "cuMemImportFromShareableHandle", import_handle) \
+    X("cuMemAddressReserve", "cuMemAddressReserve", address_reserve)             \
+    X("cuMemMap", "cuMemMap", mem_map)                                           \
+    X("cuMemSetAccess", "cuMemSetAccess", mem_set_access)                        \
+    X("cuIpcGetMemHandle", "cuIpcGetMemHandle", ipc_get)                         \
+    X("cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle", ipc_open)
 
 #ifdef VIA_LINK
 /* Declared by their driver names, typed later through the table's slots. */
@@ -301,167 +368,368 @@ static void *spin_device_thread(void *p) {
     return NULL;
 }
 
+/* ---- pools, local memory, graphs and sharing (issue 12) ---- */
+
+static CUmemoryPool pool;   /* "mkpool", else the default pool */
+static CUmodule module;
+static CUlibrary library;
+static CUkernel kernel;
+static CUfunction function;
+static CUstream stream;     /* "stream"; captures and graph launches use it */
+static CUgraph graph;
+static CUgraphExec exec;
+static CUdeviceptr captured[4096];
+static int ncaptured;
+
+static CUmemoryPool the_pool(void) {
+    if (pool == NULL) cu.default_pool(&pool, 0);
+    return pool;
+}
+
+static uint64_t pool_attr(CUmemPool_attribute attr) {
+    cuuint64_t v = 0;
+    cu.pool_get_attr(the_pool(), attr, &v);
+    return v;
+}
+
+static uint64_t graph_attr(CUgraphMem_attribute attr) {
+    cuuint64_t v = 0;
+    cu.graph_mem_attr(0, attr, &v);
+    return v;
+}
+
+static CUmemAllocationProp device_prop(CUmemAllocationHandleType types) {
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = types;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    return prop;
+}
+
+static CUresult launch_fn(CUfunction f, uint64_t us) {
+    void *params[] = {&us};
+    return cu.launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+}
+
+/* Maps an allocation another process exported as fd `fd`, as NCCL peers do. */
+static CUresult import_fd(pid_t pid, int fd, size_t bytes) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)pid, fd);
+    int mine = open(path, O_RDWR | O_CLOEXEC);
+    if (mine < 0) return CUDA_ERROR_INVALID_VALUE;
+    CUmemGenericAllocationHandle h;
+    CUresult r = cu.import_handle(&h, (void *)(intptr_t)mine, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUdeviceptr va = 0;
+    if (r == CUDA_SUCCESS) r = cu.address_reserve(&va, bytes, 0, 0, 0);
+    if (r == CUDA_SUCCESS) r = cu.mem_map(va, bytes, 0, h, 0);
+    CUmemAccessDesc access = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    if (r == CUDA_SUCCESS) r = cu.mem_set_access(va, bytes, &access, 1);
+    return r;
+}
+
+/* The commands of this section; false when `c` is none of them. */
+static bool memory_command(const char *c, const char *text, unsigned long long a, unsigned long long b,
+                           unsigned long long cc) {
+    CUresult r;
+    CUdeviceptr p = 0;
+    if (strcmp(c, "mkpool") == 0) { /* a pool of device 0, made current: "mkpool:1" */
+        CUmemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        r = cu.pool_create(&pool, &props);
+        if (r == CUDA_SUCCESS && a) r = cu.set_mem_pool(0, pool);
+        printf("mkpool rc=%d\n", r);
+    } else if (strcmp(c, "destroypool") == 0) {
+        printf("destroypool rc=%d\n", cu.pool_destroy(the_pool()));
+        pool = NULL;
+    } else if (strcmp(c, "threshold") == 0) {
+        cuuint64_t v = a;
+        printf("threshold rc=%d\n", cu.pool_set_attr(the_pool(), CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v));
+    } else if (strcmp(c, "trim") == 0) {
+        printf("trim rc=%d\n", cu.pool_trim(the_pool(), a));
+    } else if (strcmp(c, "poolattr") == 0) {
+        printf("poolattr rc=0 reserved=%llu used=%llu\n", (unsigned long long)pool_attr(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+               (unsigned long long)pool_attr(CU_MEMPOOL_ATTR_USED_MEM_CURRENT));
+    } else if (strcmp(c, "palloc") == 0) { /* from the_pool() */
+        r = cu.mem_alloc_pool(&p, a, the_pool(), NULL);
+        if (r == CUDA_SUCCESS) keep(K_ASYNC, p);
+        printf("palloc rc=%d\n", r);
+    } else if (strcmp(c, "drop") == 0) { /* frees the a-th allocation held; the last takes its place */
+        r = (int)a < nheld ? release(&held[a]) : CUDA_ERROR_INVALID_VALUE;
+        if ((int)a < nheld) held[a] = held[--nheld];
+        printf("drop rc=%d\n", r);
+    } else if (strcmp(c, "sync") == 0) {
+        printf("sync rc=%d\n", cu.ctx_sync());
+    } else if (strcmp(c, "mod") == 0 || strcmp(c, "lib") == 0) { /* load the image `text` */
+        r = c[0] == 'm' ? cu.module_load(&module, text) : cu.library_load(&library, text, NULL, NULL, 0, NULL, NULL, 0);
+        printf("%s rc=%d\n", c, r);
+    } else if (strcmp(c, "func") == 0) {
+        r = cu.module_function(&function, module, text);
+        printf("func rc=%d\n", r);
+    } else if (strcmp(c, "kernel") == 0) {
+        printf("kernel rc=%d\n", cu.library_kernel(&kernel, library, text));
+    } else if (strcmp(c, "kfunc") == 0) {
+        printf("kfunc rc=%d\n", cu.kernel_function(&function, kernel));
+    } else if (strcmp(c, "launch") == 0 || strcmp(c, "klaunch") == 0) { /* a-us kernel: the function or the kernel */
+        r = launch_fn(c[0] == 'l' ? function : (CUfunction)(void *)kernel, a);
+        if (r == CUDA_SUCCESS) r = cu.ctx_sync();
+        printf("%s rc=%d\n", c, r);
+    } else if (strcmp(c, "setlimit") == 0) {
+        printf("setlimit rc=%d\n", cu.ctx_set_limit((CUlimit)a, b));
+    } else if (strcmp(c, "getlimit") == 0) {
+        size_t v = 0;
+        r = cu.ctx_get_limit(&v, (CUlimit)a);
+        printf("getlimit rc=%d value=%zu\n", r, v);
+    } else if (strcmp(c, "stream") == 0) {
+        printf("stream rc=%d\n", cu.stream_create(&stream, CU_STREAM_NON_BLOCKING));
+    } else if (strcmp(c, "ssync") == 0) {
+        printf("ssync rc=%d\n", cu.stream_sync(stream));
+    } else if (strcmp(c, "capture") == 0) {
+        printf("capture rc=%d\n", cu.begin_capture(stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+    } else if (strcmp(c, "calloc") == 0) { /* an allocation on the stream: captured while it captures */
+        r = cu.mem_alloc_async(&p, a, stream);
+        if (r == CUDA_SUCCESS && ncaptured < 4096) captured[ncaptured++] = p;
+        printf("calloc rc=%d\n", r);
+    } else if (strcmp(c, "cfree") == 0) {
+        printf("cfree rc=%d\n", ncaptured ? cu.mem_free_async(captured[--ncaptured], stream) : CUDA_ERROR_INVALID_VALUE);
+    } else if (strcmp(c, "endcapture") == 0) {
+        printf("endcapture rc=%d\n", cu.end_capture(stream, &graph));
+    } else if (strcmp(c, "graphnew") == 0) {
+        printf("graphnew rc=%d\n", cu.graph_create(&graph, 0));
+    } else if (strcmp(c, "graphalloc") == 0) { /* an allocation node of a bytes */
+        CUDA_MEM_ALLOC_NODE_PARAMS params;
+        memset(&params, 0, sizeof params);
+        params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        params.bytesize = a;
+        CUgraphNode node;
+        printf("graphalloc rc=%d\n", cu.graph_add_alloc(&node, graph, NULL, 0, &params));
+    } else if (strcmp(c, "instantiate") == 0) { /* "instantiate:2": with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD */
+        printf("instantiate rc=%d\n", cu.graph_instantiate(&exec, graph, a));
+    } else if (strcmp(c, "glaunch") == 0) {
+        r = cu.graph_launch(exec, stream);
+        if (r == CUDA_SUCCESS) r = cu.stream_sync(stream);
+        printf("glaunch rc=%d\n", r);
+    } else if (strcmp(c, "gupload") == 0) {
+        printf("gupload rc=%d\n", cu.graph_upload(exec, stream));
+    } else if (strcmp(c, "execdestroy") == 0) {
+        printf("execdestroy rc=%d\n", cu.graph_exec_destroy(exec));
+    } else if (strcmp(c, "graphdestroy") == 0) {
+        printf("graphdestroy rc=%d\n", cu.graph_destroy(graph));
+    } else if (strcmp(c, "graphtrim") == 0) {
+        printf("graphtrim rc=%d\n", cu.graph_mem_trim(0));
+    } else if (strcmp(c, "graphattr") == 0) {
+        printf("graphattr rc=0 used=%llu reserved=%llu\n", (unsigned long long)graph_attr(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
+               (unsigned long long)graph_attr(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT));
+    } else if (strcmp(c, "vmmexport") == 0) { /* a bytes of VMM memory, exported as a file descriptor */
+        CUmemAllocationProp prop = device_prop(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        CUmemGenericAllocationHandle h = 0;
+        int fd = -1;
+        r = cu.mem_create(&h, a, &prop, 0);
+        if (r == CUDA_SUCCESS) keep(K_VMM, h);
+        if (r == CUDA_SUCCESS) r = cu.export_handle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        printf("vmmexport rc=%d fd=%d pid=%d\n", r, fd, (int)getpid());
+    } else if (strcmp(c, "import") == 0) { /* import:<pid>:<fd>:<bytes> */
+        printf("import rc=%d\n", import_fd((pid_t)a, (int)b, cc));
+    } else if (strcmp(c, "ipcget") == 0) { /* the IPC handle of the last cuMemAlloc, in hex */
+        CUipcMemHandle h;
+        memset(&h, 0, sizeof h);
+        r = nheld ? cu.ipc_get(&h, held[nheld - 1].handle) : CUDA_ERROR_INVALID_VALUE;
+        printf("ipcget rc=%d handle=", r);
+        for (size_t i = 0; i < sizeof h.reserved; i++) printf("%02x", (unsigned char)h.reserved[i]);
+        printf("\n");
+    } else if (strcmp(c, "ipcopen") == 0) {
+        CUipcMemHandle h;
+        memset(&h, 0, sizeof h);
+        for (size_t i = 0; i < sizeof h.reserved && text && text[2 * i] && text[2 * i + 1]; i++) {
+            unsigned v = 0;
+            sscanf(text + 2 * i, "%2x", &v);
+            h.reserved[i] = (char)v;
+        }
+        printf("ipcopen rc=%d\n", cu.ipc_open(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    } else {
+        return false;
+    }
+    return true;
+}
+
+static CUcontext ctx;
+
+/* Runs one command, printing its line(s). */
+static void run_command(const char *arg) {
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "%s", arg);
+    char *args[6] = {0};
+    int nargs = 0;
+    for (char *save = NULL, *tok = strtok_r(cmd, ":", &save); tok && nargs < 6; tok = strtok_r(NULL, ":", &save))
+        args[nargs++] = tok;
+    const char *c = args[0];
+    unsigned long long a = nargs > 1 ? num(args[1]) : 0, b = nargs > 2 ? num(args[2]) : 0;
+    unsigned long long cc = nargs > 3 ? num(args[3]) : 0, d = nargs > 4 ? num(args[4]) : 0;
+    CUresult r;
+    if (strcmp(c, "init") == 0) {
+        printf("init rc=%d\n", cu.init(0));
+    } else if (strcmp(c, "ctx") == 0) {
+        r = cu.primary_retain(&ctx, (CUdevice)a);
+        if (r == CUDA_SUCCESS) r = cu.ctx_set_current(ctx);
+        printf("ctx rc=%d\n", r);
+    } else if (strcmp(c, "release") == 0) {
+        printf("release rc=%d\n", cu.primary_release((CUdevice)a));
+    } else if (strcmp(c, "newctx") == 0) {
+        r = cu.ctx_create_v4 ? cu.ctx_create_v4(&ctx, NULL, 0, (CUdevice)a) : cu.ctx_create_v2(&ctx, 0, (CUdevice)a);
+        printf("newctx rc=%d\n", r);
+    } else if (strcmp(c, "destroyctx") == 0) {
+        printf("destroyctx rc=%d\n", cu.ctx_destroy(ctx));
+    } else if (strcmp(c, "info") == 0) {
+        size_t f = 0, t = 0;
+        r = cu.mem_get_info(&f, &t);
+        printf("info rc=%d free=%zu total=%zu\n", r, f, t);
+    } else if (strcmp(c, "total") == 0) {
+        size_t t = 0;
+        r = cu.total_mem(&t, (CUdevice)a);
+        printf("total rc=%d total=%zu\n", r, t);
+    } else if (strcmp(c, "freeall") == 0) {
+        int bad = 0;
+        while (nheld > 0) bad += release(&held[--nheld]) != CUDA_SUCCESS;
+        printf("freeall rc=%d\n", bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS);
+    } else if (strcmp(c, "free") == 0) {
+        r = nheld ? release(&held[--nheld]) : CUDA_ERROR_INVALID_VALUE;
+        printf("free rc=%d\n", r);
+    } else if (strcmp(c, "freeunknown") == 0) {
+        printf("freeunknown rc=%d\n", cu.mem_free((CUdeviceptr)0xdead0000ull));
+    } else if (strcmp(c, "fill") == 0) {
+        /* allocate chunks of `a` bytes until refused; report how many fit */
+        long n = 0;
+        struct held h;
+        while ((r = allocate("alloc", a, 0, 0, 0, &h)) == CUDA_SUCCESS) { keep(h.kind, h.handle); n++; }
+        printf("fill rc=%d count=%ld\n", r, n);
+    } else if (strcmp(c, "hold") == 0) {
+        printf("holding\n");
+        char line[16];
+        if (fgets(line, sizeof line, stdin) == NULL) { /* parent closed: carry on */ }
+    } else if (strcmp(c, "sleep") == 0) {
+        usleep((useconds_t)(a * 1000));
+    } else if (strcmp(c, "stress") == 0) {
+        int threads = (int)a;
+        pthread_t tid[64];
+        struct stress_arg sa[64];
+        for (int t = 0; t < threads && t < 64; t++) {
+            sa[t] = (struct stress_arg){.seed = (unsigned)(getpid() * 131 + t), .seconds = (double)b,
+                                        .max_bytes = cc, .ctx = ctx};
+            pthread_create(&tid[t], NULL, stress_thread, &sa[t]);
+        }
+        long ops = 0, denied = 0;
+        for (int t = 0; t < threads && t < 64; t++) {
+            pthread_join(tid[t], NULL);
+            ops += sa[t].ops;
+            denied += sa[t].denied;
+        }
+        printf("stress rc=0 ops=%ld denied=%ld\n", ops, denied);
+    } else if (strcmp(c, "spin") == 0) {
+        /* kernels of `a` us for `b` ms of wall time, synchronising every `cc` launches */
+        CUmodule mod;
+        CUfunction fn;
+        r = cu.module_load(&mod, "spin");
+        if (r == CUDA_SUCCESS) r = cu.module_function(&fn, mod, "spin");
+        uint64_t us = a;
+        void *params[] = {&us};
+        long kernels = 0;
+        unsigned long long every = cc ? cc : 1;
+        double start = now_s(), end = start + (double)b / 1000.0;
+        while (r == CUDA_SUCCESS && now_s() < end) {
+            r = cu.launch(fn, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+            if (r == CUDA_SUCCESS && ++kernels % (long)every == 0) r = cu.ctx_sync();
+        }
+        if (r == CUDA_SUCCESS) r = cu.ctx_sync();
+        printf("spin rc=%d kernels=%ld busy_us=%llu wall_us=%.0f\n", r, kernels,
+               (unsigned long long)kernels * a, (now_s() - start) * 1e6);
+    } else if (strcmp(c, "spindevs") == 0) {
+        /* like spin, on devices 0..d-1 at once, one thread each */
+        struct spin_arg sa[8] = {{0}};
+        pthread_t tid[8];
+        int n = d > 8 ? 8 : (int)d;
+        double start = now_s();
+        for (int t = 0; t < n; t++) {
+            sa[t] = (struct spin_arg){.device = t, .us = a, .ms = b, .every = cc ? cc : 1};
+            pthread_create(&tid[t], NULL, spin_device_thread, &sa[t]);
+        }
+        r = CUDA_SUCCESS;
+        printf("spindevs");
+        for (int t = 0; t < n; t++) {
+            pthread_join(tid[t], NULL);
+            if (sa[t].rc != CUDA_SUCCESS) r = sa[t].rc;
+        }
+        printf(" rc=%d wall_us=%.0f", r, (now_s() - start) * 1e6);
+        for (int t = 0; t < n; t++) printf(" busy%d_us=%llu", t, (unsigned long long)sa[t].kernels * a);
+        printf("\n");
+    } else if (strcmp(c, "bursts") == 0) {
+        /* one `a`-us kernel every `b` ms for `cc` ms: a latency-sensitive tenant */
+        CUmodule mod;
+        CUfunction fn;
+        r = cu.module_load(&mod, "burst");
+        if (r == CUDA_SUCCESS) r = cu.module_function(&fn, mod, "burst");
+        uint64_t us = a;
+        void *params[] = {&us};
+        long bursts = 0;
+        double start = now_s(), worst = 0, total = 0;
+        while (r == CUDA_SUCCESS && now_s() - start < (double)cc / 1000.0) {
+            double t0 = now_s();
+            r = cu.launch(fn, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+            if (r == CUDA_SUCCESS) r = cu.ctx_sync();
+            double took = now_s() - t0;
+            worst = took > worst ? took : worst;
+            total += took;
+            bursts++;
+            double next = start + bursts * (double)b / 1000.0;
+            if (next > now_s()) usleep((useconds_t)((next - now_s()) * 1e6));
+        }
+        printf("bursts rc=%d count=%ld worst_us=%.0f mean_us=%.0f\n", r, bursts, worst * 1e6,
+               bursts ? total / bursts * 1e6 : 0.0);
+    } else if (strcmp(c, "fork") == 0) {
+        /* the child allocates `a` bytes in a context of its own */
+        pid_t pid = fork();
+        if (pid == 0) {
+            CUcontext cctx = NULL;
+            CUresult cr = cu.primary_retain(&cctx, 0);
+            if (cr == CUDA_SUCCESS) cr = cu.ctx_set_current(cctx);
+            CUdeviceptr p = 0;
+            if (cr == CUDA_SUCCESS) cr = cu.mem_alloc(&p, a);
+            printf("child rc=%d\n", cr);
+            _exit(0);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        printf("fork rc=0 status=%d\n", status);
+    } else if (memory_command(c, args[1], a, b, cc)) {
+        /* done */
+    } else {
+        struct held h;
+        r = allocate(c, a, b, cc, d, &h);
+        if (r == CUDA_SUCCESS) keep(h.kind, h.handle);
+        printf("%s rc=%d\n", c, r);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *via = "dlsym";
-    int i = 1;
+    int i = 1, from_stdin = 0;
     for (; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
         if (strncmp(argv[i], "--via=", 6) == 0) via = argv[i] + 6;
         else if (strncmp(argv[i], "--cuda-version=", 15) == 0) cuda_version = atoi(argv[i] + 15);
         else if (strcmp(argv[i], "--ptds") == 0) ptds = 1;
+        else if (strcmp(argv[i], "--stdin") == 0) from_stdin = 1;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (resolve(via) != 0) return 2;
-    CUcontext ctx = NULL;
-    for (; i < argc; i++) {
-        char cmd[256];
-        snprintf(cmd, sizeof cmd, "%s", argv[i]);
-        char *args[6] = {0};
-        int nargs = 0;
-        for (char *save = NULL, *tok = strtok_r(cmd, ":", &save); tok && nargs < 6; tok = strtok_r(NULL, ":", &save))
-            args[nargs++] = tok;
-        const char *c = args[0];
-        unsigned long long a = nargs > 1 ? num(args[1]) : 0, b = nargs > 2 ? num(args[2]) : 0;
-        unsigned long long cc = nargs > 3 ? num(args[3]) : 0, d = nargs > 4 ? num(args[4]) : 0;
-        CUresult r;
-        if (strcmp(c, "init") == 0) {
-            printf("init rc=%d\n", cu.init(0));
-        } else if (strcmp(c, "ctx") == 0) {
-            r = cu.primary_retain(&ctx, (CUdevice)a);
-            if (r == CUDA_SUCCESS) r = cu.ctx_set_current(ctx);
-            printf("ctx rc=%d\n", r);
-        } else if (strcmp(c, "release") == 0) {
-            printf("release rc=%d\n", cu.primary_release((CUdevice)a));
-        } else if (strcmp(c, "newctx") == 0) {
-            r = cu.ctx_create_v4 ? cu.ctx_create_v4(&ctx, NULL, 0, (CUdevice)a) : cu.ctx_create_v2(&ctx, 0, (CUdevice)a);
-            printf("newctx rc=%d\n", r);
-        } else if (strcmp(c, "destroyctx") == 0) {
-            printf("destroyctx rc=%d\n", cu.ctx_destroy(ctx));
-        } else if (strcmp(c, "info") == 0) {
-            size_t f = 0, t = 0;
-            r = cu.mem_get_info(&f, &t);
-            printf("info rc=%d free=%zu total=%zu\n", r, f, t);
-        } else if (strcmp(c, "total") == 0) {
-            size_t t = 0;
-            r = cu.total_mem(&t, (CUdevice)a);
-            printf("total rc=%d total=%zu\n", r, t);
-        } else if (strcmp(c, "freeall") == 0) {
-            int bad = 0;
-            while (nheld > 0) bad += release(&held[--nheld]) != CUDA_SUCCESS;
-            printf("freeall rc=%d\n", bad ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS);
-        } else if (strcmp(c, "free") == 0) {
-            r = nheld ? release(&held[--nheld]) : CUDA_ERROR_INVALID_VALUE;
-            printf("free rc=%d\n", r);
-        } else if (strcmp(c, "freeunknown") == 0) {
-            printf("freeunknown rc=%d\n", cu.mem_free((CUdeviceptr)0xdead0000ull));
-        } else if (strcmp(c, "fill") == 0) {
-            /* allocate chunks of `a` bytes until refused; report how many fit */
-            long n = 0;
-            struct held h;
-            while ((r = allocate("alloc", a, 0, 0, 0, &h)) == CUDA_SUCCESS) { keep(h.kind, h.handle); n++; }
-            printf("fill rc=%d count=%ld\n", r, n);
-        } else if (strcmp(c, "hold") == 0) {
-            printf("holding\n");
-            char line[16];
-            if (fgets(line, sizeof line, stdin) == NULL) { /* parent closed: carry on */ }
-        } else if (strcmp(c, "sleep") == 0) {
-            usleep((useconds_t)(a * 1000));
-        } else if (strcmp(c, "stress") == 0) {
-            int threads = (int)a;
-            pthread_t tid[64];
-            struct stress_arg sa[64];
-            for (int t = 0; t < threads && t < 64; t++) {
-                sa[t] = (struct stress_arg){.seed = (unsigned)(getpid() * 131 + t), .seconds = (double)b,
-                                            .max_bytes = cc, .ctx = ctx};
-                pthread_create(&tid[t], NULL, stress_thread, &sa[t]);
-            }
-            long ops = 0, denied = 0;
-            for (int t = 0; t < threads && t < 64; t++) {
-                pthread_join(tid[t], NULL);
-                ops += sa[t].ops;
-                denied += sa[t].denied;
-            }
-            printf("stress rc=0 ops=%ld denied=%ld\n", ops, denied);
-        } else if (strcmp(c, "spin") == 0) {
-            /* kernels of `a` us for `b` ms of wall time, synchronising every `cc` launches */
-            CUmodule mod;
-            CUfunction fn;
-            r = cu.module_load(&mod, "spin");
-            if (r == CUDA_SUCCESS) r = cu.module_function(&fn, mod, "spin");
-            uint64_t us = a;
-            void *params[] = {&us};
-            long kernels = 0;
-            unsigned long long every = cc ? cc : 1;
-            double start = now_s(), end = start + (double)b / 1000.0;
-            while (r == CUDA_SUCCESS && now_s() < end) {
-                r = cu.launch(fn, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
-                if (r == CUDA_SUCCESS && ++kernels % (long)every == 0) r = cu.ctx_sync();
-            }
-            if (r == CUDA_SUCCESS) r = cu.ctx_sync();
-            printf("spin rc=%d kernels=%ld busy_us=%llu wall_us=%.0f\n", r, kernels,
-                   (unsigned long long)kernels * a, (now_s() - start) * 1e6);
-        } else if (strcmp(c, "spindevs") == 0) {
-            /* like spin, on devices 0..d-1 at once, one thread each */
-            struct spin_arg sa[8] = {{0}};
-            pthread_t tid[8];
-            int n = d > 8 ? 8 : (int)d;
-            double start = now_s();
-            for (int t = 0; t < n; t++) {
-                sa[t] = (struct spin_arg){.device = t, .us = a, .ms = b, .every = cc ? cc : 1};
-                pthread_create(&tid[t], NULL, spin_device_thread, &sa[t]);
-            }
-            r = CUDA_SUCCESS;
-            printf("spindevs");
-            for (int t = 0; t < n; t++) {
-                pthread_join(tid[t], NULL);
-                if (sa[t].rc != CUDA_SUCCESS) r = sa[t].rc;
-            }
-            printf(" rc=%d wall_us=%.0f", r, (now_s() - start) * 1e6);
-            for (int t = 0; t < n; t++) printf(" busy%d_us=%llu", t, (unsigned long long)sa[t].kernels * a);
-            printf("\n");
-        } else if (strcmp(c, "bursts") == 0) {
-            /* one `a`-us kernel every `b` ms for `cc` ms: a latency-sensitive tenant */
-            CUmodule mod;
-            CUfunction fn;
-            r = cu.module_load(&mod, "burst");
-            if (r == CUDA_SUCCESS) r = cu.module_function(&fn, mod, "burst");
-            uint64_t us = a;
-            void *params[] = {&us};
-            long bursts = 0;
-            double start = now_s(), worst = 0, total = 0;
-            while (r == CUDA_SUCCESS && now_s() - start < (double)cc / 1000.0) {
-                double t0 = now_s();
-                r = cu.launch(fn, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
-                if (r == CUDA_SUCCESS) r = cu.ctx_sync();
-                double took = now_s() - t0;
-                worst = took > worst ? took : worst;
-                total += took;
-                bursts++;
-                double next = start + bursts * (double)b / 1000.0;
-                if (next > now_s()) usleep((useconds_t)((next - now_s()) * 1e6));
-            }
-            printf("bursts rc=%d count=%ld worst_us=%.0f mean_us=%.0f\n", r, bursts, worst * 1e6,
-                   bursts ? total / bursts * 1e6 : 0.0);
-        } else if (strcmp(c, "fork") == 0) {
-            /* the child allocates `a` bytes in a context of its own */
-            pid_t pid = fork();
-            if (pid == 0) {
-                CUcontext cctx = NULL;
-                CUresult cr = cu.primary_retain(&cctx, 0);
-                if (cr == CUDA_SUCCESS) cr = cu.ctx_set_current(cctx);
-                CUdeviceptr p = 0;
-                if (cr == CUDA_SUCCESS) cr = cu.mem_alloc(&p, a);
-                printf("child rc=%d\n", cr);
-                _exit(0);
-            }
-            int status = 0;
-            waitpid(pid, &status, 0);
-            printf("fork rc=0 status=%d\n", status);
-        } else {
-            struct held h;
-            r = allocate(c, a, b, cc, d, &h);
-            if (r == CUDA_SUCCESS) keep(h.kind, h.handle);
-            printf("%s rc=%d\n", c, r);
-        }
+    for (; i < argc; i++) run_command(argv[i]);
+    char line[4096];
+    while (from_stdin && fgets(line, sizeof line, stdin)) {
+        line[strcspn(line, "\r\n")] = '\0';
+        if (line[0]) run_command(line);
+        printf("--\n");
     }
     return 0;
 }

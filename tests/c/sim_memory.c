@@ -49,7 +49,8 @@ int main(void)
     CHECK(cuMemcpyHtoD_v2(0x42, &pitch, sizeof pitch) == CUDA_ERROR_INVALID_VALUE);
     CHECK(cuMemFree_v2(p) == CUDA_SUCCESS);
 
-    /* Stream-ordered allocations, default and explicit pools. */
+    /* Stream-ordered allocations, default and explicit pools: each pool
+     * reserves a 32 MiB chunk and keeps it after the frees, until trimmed. */
     CUmemoryPool pool, mine;
     CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
                             .location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}};
@@ -57,12 +58,14 @@ int main(void)
     CHECK(cuMemPoolCreate(&mine, &props) == CUDA_SUCCESS);
     CHECK(cuMemAllocAsync(&p, 5 * MiB, NULL) == CUDA_SUCCESS);
     CHECK(cuMemAllocFromPoolAsync_ptsz(&q, 7 * MiB, mine, NULL) == CUDA_SUCCESS);
-    CHECK(used() == base + 12 * MiB);
+    CHECK(used() == base + 64 * MiB);
     CHECK(cuMemFreeAsync(p, NULL) == CUDA_SUCCESS);
     CHECK(cuMemFreeAsync_ptsz(q, NULL) == CUDA_SUCCESS);
-    CHECK(used() == base);
+    CHECK(used() == base + 64 * MiB);
     CHECK(cuMemPoolTrimTo(pool, 0) == CUDA_SUCCESS);
+    CHECK(used() == base + 32 * MiB);
     CHECK(cuMemPoolDestroy(mine) == CUDA_SUCCESS);
+    CHECK(used() == base);
     CHECK(cuMemAllocFromPoolAsync(&q, MiB, mine, NULL) == CUDA_ERROR_INVALID_VALUE);
 
     /* VMM: 2 MiB granularity; memory returns once released and unmapped. */

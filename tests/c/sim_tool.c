@@ -9,15 +9,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "api.h"
+#include "sim_tool.h"
 
-#define MAXP 4096
-
-static CUdeviceptr ptrs[MAXP];
-static int nptr;
+CUdeviceptr ptrs[MAXP];
+int nptr;
 static CUcontext ctxs[64];
 static int nctx;
-static CUstream stream; /* NULL: legacy default stream */
+CUstream stream; /* NULL: legacy default stream */
 static CUfunction fn;
 
 static double now_ms(void)
@@ -27,7 +25,7 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static unsigned long long qty(const char *s)
+unsigned long long qty(const char *s)
 {
     char *end;
     double v = strtod(s, &end);
@@ -46,11 +44,16 @@ static CUresult need_fn(void)
     return rc ? rc : cuModuleGetFunction(&fn, mod, "kernel");
 }
 
-static CUresult launch(unsigned long long us)
+CUresult launch_fn(CUfunction f, unsigned long long us)
 {
     void *params[] = {&us};
+    return cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL);
+}
+
+static CUresult launch(unsigned long long us)
+{
     CUresult rc = need_fn();
-    return rc ? rc : cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL);
+    return rc ? rc : launch_fn(fn, us);
 }
 
 int main(int argc, char **argv)
@@ -175,7 +178,7 @@ int main(int argc, char **argv)
         } else if (!strcmp(cmd, "sleep")) {
             i++;
             usleep((useconds_t)(atof(arg) * 1000));
-        } else {
+        } else if (!sim_tool_mem(argc, argv, &i)) {
             fprintf(stderr, "sim_tool: unknown command %s\n", cmd);
             return 2;
         }

@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shimtest import container_env_on_host
 
 from device_plugin.config import resolve
 from device_plugin.testing import TestKubelet
+from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from node_state.gpus import Inventory
 from node_state.testing import gpu, inventory, wait_for
 from py_vcuda import native
@@ -93,6 +95,11 @@ def stop_plugin(proc: subprocess.Popen[bytes], short_dir: Path) -> str:
     return (short_dir / "plugin.log").read_text(errors="replace")
 
 
+def host_env(resp: pb.ContainerAllocateResponse) -> dict[str, str]:
+    """The response's env as a process on the host sees it (shimtest.container_env_on_host)."""
+    return container_env_on_host(resp.envs, {m.container_path: m.host_path for m in resp.mounts})
+
+
 class Helpers:
     """The helpers above for test modules (conftest is not importable by name)."""
 
@@ -106,6 +113,7 @@ class Helpers:
     assignment_annotation = staticmethod(assignment_annotation)
     spawn_plugin = staticmethod(spawn_plugin)
     stop_plugin = staticmethod(stop_plugin)
+    host_env = staticmethod(host_env)
 
 
 @pytest.fixture
@@ -123,10 +131,10 @@ def agent_factory(short_dir: Path, kubelet: TestKubelet) -> Iterator[Callable[..
 
     def make(mode: str = "vgpu", gpus: int = 1, pods: Any = None, inv: Inventory | None = None,
              health_factory: Any = None, pod_watch: Any = None, patch_node: Any = None,
-             **overrides: Any) -> Agent:
+             nvml: Any = None, **overrides: Any) -> Agent:
         cfg = plugin_config(short_dir, mode, **overrides)
         agent = Agent(cfg, inventory=inv or inventory(gpus), pods=pods if pods is not None else StaticPods(),
-                      health_factory=health_factory, pod_watch=pod_watch, patch_node=patch_node)
+                      nvml=nvml, health_factory=health_factory, pod_watch=pod_watch, patch_node=patch_node)
         agent.start()
         started.append(agent)
         return agent

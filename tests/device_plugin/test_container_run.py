@@ -13,18 +13,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from shimtest import container_env_on_host, parse
+from shimtest import parse
 
 from device_plugin.pods import StaticPods
-from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from py_vcuda.sim import GiB, MiB, SimConfig
 
 CORE = "tencent.com/vcuda-core"
 OUT_OF_MEMORY = 2
-
-
-def host_env(resp: pb.ContainerAllocateResponse) -> dict[str, str]:
-    return container_env_on_host(resp.envs, {m.container_path: m.host_path for m in resp.mounts})
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +35,7 @@ def test_allocated_container_is_limited(agent_factory, kubelet, dp, short_dir, c
     resp = kubelet.allocate(CORE, [f"{uuid}::{i}" for i in range(30)]).container_responses[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_")}
     env.update(sim.env())
-    env.update(host_env(resp))
+    env.update(dp.host_env(resp))
     assert env["VCUDA_SCHEDULER"].startswith(f"ipc://{agent.layout.scheduler_dir(uuid)}")
 
     proc = subprocess.run([str(cuprobe), "init", "ctx", f"alloc:{512 * MiB}", f"alloc:{512 * MiB}",

@@ -6,15 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from simtool import Children, Line, parse
 
 from py_vcuda.sim import GiB, MiB, SimConfig
-
-REPO = Path(__file__).resolve().parents[2]
-SIM_FLAGS = (f"-I{REPO / 'gpusim' / 'src'}", f"-I{REPO / 'gpusim' / 'include'}")
 
 
 @pytest.fixture
@@ -23,37 +20,10 @@ def sim(tmp_path: Path) -> SimConfig:
     return SimConfig(state_path=tmp_path / "state", memory=1 * GiB, context_overhead=64 * MiB)
 
 
-@pytest.fixture(scope="session")
-def build_sim(build_c: Callable[..., Path], lib_dir: Path) -> Callable[[str], Path]:
-    """Builds tests/c/<name> linked against libvcuda-sim-cuda.so."""
-
-    def build(name: str) -> Path:
-        return build_c([name], flags=SIM_FLAGS,
-                       libs=[f"-L{lib_dir}", "-lvcuda-sim-cuda", f"-Wl,-rpath,{lib_dir}"])
-
-    return build
-
-
-@dataclass
-class Line:
-    cmd: str
-    rc: int
-    rest: list[str]
-
-
-def parse(out: str) -> list[Line]:
-    lines = []
-    for raw in out.splitlines():
-        parts = raw.split()
-        if len(parts) >= 2 and parts[1].lstrip("-").isdigit():
-            lines.append(Line(parts[0], int(parts[1]), parts[2:]))
-    return lines
-
-
 @pytest.fixture
-def tool(build_sim: Callable[[str], Path], sim: SimConfig) -> Callable[..., list[Line]]:
+def tool(sim_tool: Path, sim: SimConfig) -> Callable[..., list[Line]]:
     """Runs sim_tool with commands; returns its parsed output lines."""
-    exe = build_sim("sim_tool.c")
+    exe = sim_tool
 
     def run(*cmds: str, env: dict[str, str] | None = None, timeout: float = 20) -> list[Line]:
         proc = subprocess.run([str(exe), *cmds], env={**os.environ, **sim.env(), **(env or {})},
@@ -65,47 +35,9 @@ def tool(build_sim: Callable[[str], Path], sim: SimConfig) -> Callable[..., list
     return run
 
 
-class Children:
-    """Background sim_tool processes; each stops at its `ready` command until
-    released (a line on stdin). All are killed at the end of the test."""
-
-    def __init__(self, exe: Path, env: dict[str, str]) -> None:
-        self.exe, self.env = exe, env
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def spawn(self, *cmds: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen([str(self.exe), *cmds], env={**os.environ, **self.env},
-                                text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
-        self.procs.append(proc)
-        return proc
-
-    @staticmethod
-    def ready(proc: subprocess.Popen[str]) -> list[Line]:
-        """Reads the child's output up to its `ready` line."""
-        assert proc.stdout is not None
-        seen = []
-        for raw in proc.stdout:
-            seen.extend(parse(raw))
-            if raw.startswith("ready"):
-                return seen
-        err = proc.stderr.read() if proc.stderr else ""
-        raise AssertionError(f"child exited before ready: {err}")
-
-    @staticmethod
-    def release(proc: subprocess.Popen[str]) -> list[Line]:
-        out, _ = proc.communicate("\n", timeout=30)
-        return parse(out)
-
-    def close(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            p.communicate()
-
-
 @pytest.fixture
 def children(tool: Callable[..., list[Line]], sim: SimConfig) -> Iterator[Children]:
     kids = Children(tool.exe, sim.env())  # type: ignore[attr-defined]
     yield kids
     kids.close()
+

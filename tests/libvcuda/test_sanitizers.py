@@ -60,3 +60,17 @@ def test_threads_stress(run_probe: Runner, sanitized: tuple[str, str]) -> None:
     res = run_sanitized(run_probe, sanitized, ["--via=proc", "init", "ctx", "stress:16:3:4194304", "info"],
                         {"VCUDA_MEMORY_LIMIT": "128Mi"})
     assert res.get("info", "free") == 128 * MiB - OVERHEAD
+
+
+def test_held_memory_paths(run_probe: Runner, sanitized: tuple[str, str]) -> None:
+    """Pools, local memory and limits, graph memory (issue 12)."""
+    module = "vcudasim-module;kernel mid local=2Ki"
+    res = run_sanitized(run_probe, sanitized,
+                        ["--via=proc", "init", "ctx", f"threshold:{(1 << 64) - 1}", f"async:{40 * MiB}",
+                         f"async:{3 * MiB}", "drop:0", "sync", "mkpool:1", f"async:{8 * MiB}", "freeall", "trim:0",
+                         "destroypool", "trim:0", f"mod:{module}", "func:mid", "launch:1", "setlimit:2:16777216",
+                         "setlimit:2:8388608", "stream", "capture", f"calloc:{4 * MiB}", "cfree", "endcapture",
+                         "instantiate", "glaunch", "execdestroy", "graphdestroy", "graphtrim", "info"],
+                        {"VCUDA_MEMORY_LIMIT": "1Gi", "VCUDA_SIM_SMS": "4", "VCUDA_SIM_THREADS_PER_SM": "256"})
+    assert all(d["rc"] == "0" for d in res.lines if "rc" in d), res.stdout
+    assert res.get("info", "free") == (1 << 30) - OVERHEAD - 1024 * 4 * 256  # the frame's high-water mark stays

@@ -129,6 +129,10 @@ typedef enum CUmemAllocationType_enum {
 
 typedef enum CUmemAllocationHandleType_enum {
     CU_MEM_HANDLE_TYPE_NONE = 0x0,
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1,
+    CU_MEM_HANDLE_TYPE_WIN32 = 0x2,
+    CU_MEM_HANDLE_TYPE_WIN32_KMT = 0x4,
+    CU_MEM_HANDLE_TYPE_FABRIC = 0x8,
     CU_MEM_HANDLE_TYPE_MAX = 0x7FFFFFFF
 } CUmemAllocationHandleType;
 
@@ -283,6 +287,92 @@ enum {
     CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102
 };
+
+
+/* ---- What the driver holds beyond the pointers (issue 12): pools, local
+ * memory and context limits, graph memory, IPC; values as in cuda.h 13.0. ---- */
+enum {
+    CUDA_ERROR_UNSUPPORTED_LIMIT = 215
+};
+
+typedef struct CUgraphNode_st *CUgraphNode;
+
+typedef enum CUmemPool_attribute_enum {
+    CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1,
+    CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC = 2,
+    CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3,
+    CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,    /* cuuint64_t */
+    CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5, /* cuuint64_t, read only */
+    CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6,    /* cuuint64_t, set 0 to reset */
+    CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,     /* cuuint64_t, read only */
+    CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8         /* cuuint64_t, set 0 to reset */
+} CUmemPool_attribute;
+
+typedef enum CUlimit_enum {
+    CU_LIMIT_STACK_SIZE = 0x00,
+    CU_LIMIT_PRINTF_FIFO_SIZE = 0x01,
+    CU_LIMIT_MALLOC_HEAP_SIZE = 0x02,
+    CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH = 0x03,
+    CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT = 0x04,
+    CU_LIMIT_MAX_L2_FETCH_GRANULARITY = 0x05,
+    CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 0x06,
+    CU_LIMIT_SHMEM_SIZE = 0x07,
+    CU_LIMIT_CIG_ENABLED = 0x08,
+    CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED = 0x09
+} CUlimit;
+
+typedef enum CUfunction_attribute_enum {
+    CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0,
+    CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1,
+    CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES = 2,
+    CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3,
+    CU_FUNC_ATTRIBUTE_NUM_REGS = 4,
+    CU_FUNC_ATTRIBUTE_PTX_VERSION = 5,
+    CU_FUNC_ATTRIBUTE_BINARY_VERSION = 6,
+    CU_FUNC_ATTRIBUTE_CACHE_MODE_CA = 7,
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+    CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
+} CUfunction_attribute;
+
+typedef enum CUgraphMem_attribute_enum {
+    CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
+    CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3
+} CUgraphMem_attribute;
+
+#define CU_IPC_HANDLE_SIZE 64
+typedef struct CUipcMemHandle_st {
+    char reserved[CU_IPC_HANDLE_SIZE];
+} CUipcMemHandle;
+enum { CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1 };
+
+typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_v1_st {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr; /* out */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+enum { CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD = 2 };
+
+/* ---- Entry points only libvcuda forwards (the simulator has none): values as in cuda.h 13.0. ---- */
+typedef enum CUgraphInstantiateResult_enum {
+    CUDA_GRAPH_INSTANTIATE_SUCCESS = 0,
+    CUDA_GRAPH_INSTANTIATE_ERROR = 1,
+    CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE = 2,
+    CUDA_GRAPH_INSTANTIATE_NODE_OPERATION_NOT_SUPPORTED = 3,
+    CUDA_GRAPH_INSTANTIATE_MULTIPLE_CTXS_NOT_SUPPORTED = 4,
+    CUDA_GRAPH_INSTANTIATE_CONDITIONAL_HANDLE_UNUSED = 5
+} CUgraphInstantiateResult;
+
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    CUgraphInstantiateResult result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
 
 #ifdef __cplusplus
 }

@@ -32,7 +32,7 @@ from node_state.metrics import start_exporter
 from node_state.schedulers import TokenScheduler
 from node_state.supervisor import Child, Supervisor
 from py_vcuda import native
-from py_vcuda.memory_reconciler import Account, MemoryReconciler
+from py_vcuda.memory_reconciler import MemoryReconciler
 from py_vcuda.nvml import NVML
 from py_vcuda.procfs import ProcFS
 
@@ -68,7 +68,7 @@ class Agent:
         self.pod_watch = pod_watch(self.reconciler.wake) if pod_watch else None
         # vGPU containers share GPUs: their ledgers must also hold what NVML sees and no hook charged.
         self.memory_reconciler = MemoryReconciler(
-            self._memory_accounts, nvml, procfs=ProcFS(config.host_proc), interval_s=config.memory_reconcile_s,
+            self.store.memory_accounts, nvml, procfs=ProcFS(config.host_proc), interval_s=config.memory_reconcile_s,
         ) if nvml is not None and config.mode == "vgpu" else None
         # The extender places vgpu requests only: the other modes have nothing to tell it.
         metadata: dict[str, dict[str, str]] = {}
@@ -101,10 +101,6 @@ class Agent:
         daemons = {g.uuid: mps.MPSDaemon(g.uuid, self.layout, cfg.mps_control) for g in self.inventory.gpus}
         children.extend(daemons.values())
         return [mps.MPSPlugin(self.inventory, self.health, self.store, daemons)]
-
-    def _memory_accounts(self) -> list[Account]:
-        return [Account(key=r.key, ledger=self.layout.ledger_path(r.key), gpus=r.gpus, pod_uid=r.pod_uid)
-                for r in self.store.records() if r.mode == "vgpu"]
 
     def start(self) -> None:
         self.config.device_plugin_dir.mkdir(parents=True, exist_ok=True)

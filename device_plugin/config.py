@@ -50,6 +50,7 @@ from node_state.options import (
     log_level,
     port_number,
     positive_number,
+    reconcile_interval,
     switch,
     xid_list,
 )
@@ -67,13 +68,6 @@ def _domain(text: str) -> str:
     if not text or "/" in text or text != text.strip():
         raise ValueError("must be a DNS-style domain without '/'")
     return text
-
-
-def _reconcile_interval(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise ValueError("must be > 0 and at most 1 (the reconciler runs at least once a second)")
-    return value
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -104,7 +98,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("cleanup_grace_s", 60.0, positive_number,
            "seconds a container's devices may be missing from pod-resources before its directory goes"),
     Option("log_level", "info", log_level, "debug, info, warning or error"),
-    Option("memory_reconcile_s", 0.5, _reconcile_interval,
+    Option("memory_reconcile_s", 0.5, reconcile_interval,
            "seconds between memory reconciler passes (NVML per-process use vs ledgers), at most 1"),
     Option("host_proc", Path("/proc"), Path, "the host's /proc, to map NVML's host pids to containers"),
 )

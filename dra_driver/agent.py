@@ -1,6 +1,6 @@
 """The DRA driver's node agent: wires the kubelet plugin, the claim driver, the token
-schedulers, health, the ResourceSlice publisher and the exporter, and takes them down
-in reverse.
+schedulers, health, the ResourceSlice publisher, the memory reconciler and the exporter,
+and takes them down in reverse.
 
 The node-side pieces are node_state's, as the device plugin's are (layout,
 containers, tenancy, schedulers, supervisor, gpus, health, metrics): a node runs
@@ -32,7 +32,9 @@ from node_state.metrics import start_exporter
 from node_state.schedulers import TokenScheduler
 from node_state.supervisor import Supervisor
 from py_vcuda import native
+from py_vcuda.memory_reconciler import MemoryReconciler
 from py_vcuda.nvml import NVML
+from py_vcuda.procfs import ProcFS
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,10 @@ class DriverAgent:
             resync_s=config.resync_s)
         self.health.subscribe(self.publisher.changed)
         self.health_monitor = health_factory(inventory, self.health.set) if health_factory else None
+        # Claims share GPUs: their ledgers must also hold what NVML sees and no hook charged.
+        self.memory_reconciler = MemoryReconciler(
+            self.store.memory_accounts, nvml, procfs=ProcFS(config.host_proc), interval_s=config.memory_reconcile_s,
+        ) if nvml is not None else None
         self._stop_exporter: Callable[[], None] | None = None
 
     def start(self) -> None:
@@ -82,14 +88,19 @@ class DriverAgent:
         if self.health_monitor is not None:
             self.health_monitor.start()
         self.publisher.start()
+        if self.memory_reconciler is not None:
+            self.memory_reconciler.start()
         if self.config.metrics_port:
             self._stop_exporter = start_exporter(port=self.config.metrics_port, layout=self.layout, mode=MODE,
-                                                 node=self.config.node_name, pod_resources_socket=None, nvml=self.nvml)
+                                                 node=self.config.node_name, pod_resources_socket=None, nvml=self.nvml,
+                                                 memory_reconciler=self.memory_reconciler)
         log.info("DRA driver running on node %s with %d GPU(s)", self.config.node_name, len(self.inventory.gpus))
 
     def stop(self) -> None:
         if self._stop_exporter is not None:
             self._stop_exporter()
+        if self.memory_reconciler is not None:
+            self.memory_reconciler.stop()
         self.publisher.stop()
         if self.health_monitor is not None:
             self.health_monitor.stop()

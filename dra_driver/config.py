@@ -14,6 +14,8 @@ Environment variables (all optional):
 ``VCUDA_DRA_KUBECONFIG``           kubeconfig (default: in-cluster)
 ``VCUDA_DRA_IGNORED_XIDS``         comma list of XIDs that do not fail a GPU ("" : none)
 ``VCUDA_DRA_RESYNC_S``             seconds between checks of the node's ResourceSlice (60)
+``VCUDA_DRA_MEMORY_RECONCILE_S``   seconds between memory reconciler passes (0.5, at most 1)
+``VCUDA_DRA_HOST_PROC``            the host's /proc (NVML's host pids to containers)
 ``VCUDA_DRA_LOG_LEVEL``            debug, info, warning, error
 =================================  ===========================================
 """
@@ -27,7 +29,16 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from dra_driver.names import DEFAULT_CDI_DIR, DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
-from node_state.options import ConfigError, Option, OptionTable, log_level, port_number, positive_number, xid_list
+from node_state.options import (
+    ConfigError,
+    Option,
+    OptionTable,
+    log_level,
+    port_number,
+    positive_number,
+    reconcile_interval,
+    xid_list,
+)
 
 ENV_PREFIX = "VCUDA_DRA_"
 
@@ -45,6 +56,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("ignored_xids", None, xid_list, "comma list of XIDs that do not mark a GPU unhealthy ('' : none; "
            "unset: NVIDIA's list of application XIDs)"),
     Option("resync_s", 60.0, positive_number, "seconds between checks that the node's ResourceSlice is current"),
+    Option("memory_reconcile_s", 0.5, reconcile_interval,
+           "seconds between memory reconciler passes (NVML per-process use vs ledgers), at most 1"),
+    Option("host_proc", Path("/proc"), Path, "the host's /proc, to map NVML's host pids to containers"),
     Option("log_level", "info", log_level, "debug, info, warning or error"),
 )
 TABLE = OptionTable(OPTIONS, ENV_PREFIX, {"node_name": "NODE_NAME"})
@@ -62,6 +76,8 @@ class DriverConfig:
     kubeconfig: str | None
     ignored_xids: str | None
     resync_s: float
+    memory_reconcile_s: float
+    host_proc: Path
     log_level: str
 
 

@@ -54,6 +54,14 @@ def switch(text: str) -> bool:
     return text.lower() in ("1", "true", "yes")
 
 
+def reconcile_interval(text: str) -> float:
+    """Seconds between memory reconciler passes: it runs at least once a second."""
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError("must be > 0 and at most 1 (the reconciler runs at least once a second)")
+    return value
+
+
 def positive_number(text: str) -> float:
     value = float(text)
     if value <= 0:

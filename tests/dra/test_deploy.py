@@ -85,10 +85,11 @@ def test_host_paths_are_mounted_where_the_flags_point() -> None:
             assert value in mounts.values(), f"{flag}: {value} is not mounted"
 
 
-def test_same_privileges_and_init_step_as_the_vgpu_device_plugin() -> None:
+def test_same_privileges_pid_namespace_and_init_step_as_the_vgpu_device_plugin() -> None:
     ds = daemonset()
     (vgpu,) = load(REPO / "deploy" / "device-plugin" / "daemonset-vgpu.yaml")
     assert ds["spec"]["template"]["spec"]["initContainers"] == vgpu["spec"]["template"]["spec"]["initContainers"]
+    assert ds["spec"]["template"]["spec"]["hostPID"] is vgpu["spec"]["template"]["spec"]["hostPID"] is True
     sc = driver_container(ds)["securityContext"]
     assert not sc.get("privileged") and sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == \
         ["ALL"]

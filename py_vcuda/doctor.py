@@ -190,6 +190,7 @@ def _report(sim_state: Path | None) -> tuple[list[str], int]:
         from py_vcuda.sim import SimConfig
 
         extra = SimConfig(state_path=sim_state).env()
+        os.environ.update(extra)  # the driver is loaded in this process too (driver_version)
         lines.append("using the GPU simulator (--simulate)")
     driver_path = extra.get("VCUDA_REAL_LIBCUDA") or os.environ.get("VCUDA_REAL_LIBCUDA") or "libcuda.so.1"
     nvml_path = extra.get("VCUDA_REAL_LIBNVML") or os.environ.get("VCUDA_REAL_LIBNVML") or "libnvidia-ml.so.1"

@@ -6,7 +6,8 @@ The simulator is a stand-in ``libcuda`` / ``libnvidia-ml`` (built from
 ``gpusim/``) that child processes load through ``VCUDA_REAL_LIBCUDA`` and
 ``VCUDA_REAL_LIBNVML``. All processes given the same state path share the
 simulated GPUs. A kernel runs for the microseconds in the ``uint64_t`` its
-``kernelParams[0]`` points to (see ``gpusim/include/vcudasim.h``).
+``kernelParams[0]`` points to; processes share a device round-robin in time
+slices, as a GPU without MPS does (see ``gpusim/include/vcudasim.h``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ typedef struct vcudasim_config {
     uint32_t reserved;
     uint64_t pool_chunk;
     uint64_t kernel_code;
+    uint32_t timeslice_us;
+    uint32_t reserved2;
 } vcudasim_config;
 typedef struct vcudasim_device {
     uint32_t index;
@@ -63,6 +66,7 @@ typedef struct vcudasim_process {
     int32_t host_pid;
     uint32_t reserved;
     uint64_t mem[8];
+    uint64_t pending_ns;
 } vcudasim_process;
 int vcudasim_api_version(void);
 vcudasim_state *vcudasim_open(const char *path, int create);
@@ -77,7 +81,7 @@ int64_t vcudasim_inject_xid(vcudasim_state *st, unsigned dev, uint64_t xid);
 int vcudasim_set_lost(vcudasim_state *st, unsigned dev, int lost);
 """
 
-API_VERSION = 3
+API_VERSION = 4
 GiB = 1 << 30
 MiB = 1 << 20
 KiB = 1 << 10
@@ -133,6 +137,7 @@ class SimConfig:
     threads_per_sm: int = 2048  # CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR
     pool_chunk: int = 32 * MiB  # stream-ordered pools grow by multiples of this
     kernel_code: int = 0  # code bytes of a kernel no module descriptor describes
+    timeslice_us: int = 2000  # round-robin slice between processes' kernels
 
     def env(self) -> dict[str, str]:
         """Environment variables a child process needs to use this simulator."""
@@ -149,6 +154,7 @@ class SimConfig:
             "VCUDA_SIM_THREADS_PER_SM": str(self.threads_per_sm),
             "VCUDA_SIM_POOL_CHUNK": str(self.pool_chunk),
             "VCUDA_SIM_KERNEL_CODE": str(self.kernel_code),
+            "VCUDA_SIM_TIMESLICE_US": str(self.timeslice_us),
         }
         if self.uuids:
             env["VCUDA_SIM_UUIDS"] = ",".join(self.uuids)
@@ -174,9 +180,9 @@ class DeviceStats:
     name: str
     capacity: int
     used: int
-    busy_ns: int  # all kernels ever queued, exited processes included
-    kernels: int
-    busy_until_ns: int  # CLOCK_MONOTONIC
+    busy_ns: int  # kernel time served so far, exited processes included
+    kernels: int  # launched, exited processes included
+    busy_until_ns: int  # CLOCK_MONOTONIC when the queued work drains if nothing more is launched
     processes: int
     numa_node: int = -1  # -1: none configured
     nvlink_peers: frozenset[int] = frozenset()
@@ -189,11 +195,12 @@ class DeviceStats:
 class ProcessStats:
     pid: int  # as the process sees itself
     used: int  # physical bytes on the device: memory.total
-    busy_ns: int
-    kernels: int
+    busy_ns: int  # kernel time served
+    kernels: int  # launched
     contexts: int
     host_pid: int = 0  # what NVML reports (pid + its VCUDA_SIM_HOST_PID_OFFSET)
     memory: MemoryBreakdown = MemoryBreakdown()
+    pending_ns: int = 0  # kernel time queued, not yet served
 
 
 class SimError(RuntimeError):
@@ -259,6 +266,7 @@ class SimReader:
             numa=None if all(n < 0 for n in numa) else numa, nvlink=links or None,
             nvswitch=bool(c.nvswitch), sms=c.sms, threads_per_sm=c.threads_per_sm,
             pool_chunk=c.pool_chunk, kernel_code=c.kernel_code,
+            timeslice_us=c.timeslice_us,
         )
 
     def device_count(self) -> int:
@@ -293,7 +301,7 @@ class SimReader:
                 return [
                     ProcessStats(pid=p.pid, used=p.used, busy_ns=p.busy_ns, kernels=p.kernels,
                                  contexts=p.contexts, host_pid=p.host_pid,
-                                 memory=MemoryBreakdown.from_c(p.mem))
+                                 memory=MemoryBreakdown.from_c(p.mem), pending_ns=p.pending_ns)
                     for p in buf[0:n]
                 ]
             cap = n

@@ -7,9 +7,34 @@
  *  - Kernel duration: a launch runs for the microseconds in the uint64_t that
  *    kernelParams[0] points to, or in the first 8 bytes of the
  *    CU_LAUNCH_PARAM_BUFFER_POINTER buffer when `extra` is used (0 without
- *    parameters). Grid and block sizes do not matter. Kernels of all
- *    processes on one device run one after another (FIFO by launch).
- *  - Busy time is charged when a kernel is queued, for its full duration.
+ *    parameters). Grid and block sizes do not matter.
+ *  - Execution: a device runs one kernel at a time, never two at once. As a
+ *    GPU without MPS, it time-slices between processes: round-robin in slot
+ *    order, slices of VCUDA_SIM_TIMESLICE_US (default 2000); a process runs
+ *    until its slice ends or it has nothing queued, then the next process
+ *    with queued work gets a fresh slice (a process alone runs on). Within a
+ *    process, all its kernels on a device (every stream and context) run in
+ *    launch order; graph launches are their kernels in order. A slice may
+ *    end inside a kernel, which resumes in the process's next slice.
+ *  - Each process's queue per device is a count of nanoseconds: queued (all
+ *    launched work) and served (busy_ns); a kernel completes when served
+ *    reaches the queued count just after its launch. Stream, event and
+ *    context completion, cuStreamQuery/cuEventQuery and the synchronize
+ *    calls follow that. A wait sleeps until the completion predicted if no
+ *    process launches more, then looks again (at least every 10 ms while
+ *    other processes have work queued).
+ *  - A stream holds at most VCUDA_SIM_MAX_PENDING (default 1024) kernels
+ *    not yet complete; a launch beyond that blocks until its oldest completes.
+ *  - Busy time (device and process busy_ns, NVML utilization) is charged as
+ *    work is served; kernels are counted at launch. A process that exits or
+ *    dies has its queued work dropped (a dead one within one slice of the
+ *    next look at the device); what it was served stays in device totals.
+ *  - cuEventElapsedTime: an event completes when the work before it on its
+ *    stream does (at its record time if that was already done), so the
+ *    elapsed time includes other processes' slices in between, as on
+ *    hardware. Each process keeps its last 64 service stretches per state
+ *    file to time completions; an older one is timed at the start of the
+ *    oldest kept (no earlier than its record time).
  *  - Memory charged: cuMemAlloc* exactly the bytes asked (pitch: pitch*Height,
  *    pitch = WidthInBytes rounded up to 512); managed and stream-ordered
  *    allocations in full, at once; cuMemCreate its size (multiple of 2 MiB),
@@ -167,7 +192,8 @@
 extern "C" {
 #endif
 
-#define VCUDASIM_API_VERSION 3 /* 2: topology, XID injection, lost devices; 3: memory breakdown, host pids */
+#define VCUDASIM_API_VERSION 4 /* 2: topology, XID injection, lost devices; 3: memory breakdown, host pids;
+                                  4: time slicing */
 
 /* What device memory is made of: index into vcudasim_process.mem. */
 enum {
@@ -194,6 +220,8 @@ typedef struct vcudasim_config {
     uint32_t reserved;
     uint64_t pool_chunk;     /* VCUDA_SIM_POOL_CHUNK */
     uint64_t kernel_code;    /* VCUDA_SIM_KERNEL_CODE */
+    uint32_t timeslice_us;   /* round-robin slice between processes */
+    uint32_t reserved2;
 } vcudasim_config;
 
 typedef struct vcudasim_device {
@@ -203,9 +231,10 @@ typedef struct vcudasim_device {
     char name[96];
     uint64_t capacity;       /* bytes */
     uint64_t used;           /* bytes, live processes only */
-    uint64_t busy_ns;        /* all kernels ever queued, dead processes included */
-    uint64_t kernels;        /* likewise */
-    uint64_t busy_until_ns;  /* CLOCK_MONOTONIC end of the last queued kernel */
+    uint64_t busy_ns;        /* work served so far, dead processes included */
+    uint64_t kernels;        /* kernels launched, dead processes included */
+    uint64_t busy_until_ns;  /* CLOCK_MONOTONIC when all queued work will have
+                              * run if nothing more is launched (now if idle) */
     int32_t numa_node;       /* -1: none configured */
     uint32_t nvlink_peers;   /* bit i: NVLink to device i */
     uint32_t lost;           /* 1 while vcudasim_set_lost(..., 1) */
@@ -218,11 +247,12 @@ typedef struct vcudasim_process {
     int32_t pid;             /* as the process sees itself (getpid) */
     uint32_t contexts;
     uint64_t used;           /* bytes on this device: the sum of mem[] */
-    uint64_t busy_ns;        /* kernel time queued on this device */
-    uint64_t kernels;
+    uint64_t busy_ns;        /* kernel time served on this device */
+    uint64_t kernels;        /* launched */
     int32_t host_pid;        /* what NVML reports: pid + its VCUDA_SIM_HOST_PID_OFFSET */
     uint32_t reserved;
     uint64_t mem[VCUDASIM_MEM_KINDS]; /* physical use by VCUDASIM_MEM_* */
+    uint64_t pending_ns;     /* kernel time queued, not yet served */
 } vcudasim_process;
 
 int vcudasim_api_version(void);
@@ -236,7 +266,8 @@ const char *vcudasim_last_error(void); /* this thread's last failure */
 
 int vcudasim_get_config(vcudasim_state *st, vcudasim_config *out);
 
-/* Device stats; -1 for a bad index. Reclaims dead processes first. */
+/* Device stats, the schedule advanced to now; -1 for a bad index.
+ * Reclaims dead processes first. */
 int vcudasim_device_info(vcudasim_state *st, unsigned dev, vcudasim_device *out);
 
 /* Live processes that hold memory or a context on dev, or ran kernels on it.

@@ -142,7 +142,7 @@ static int parse_nvlink(const char *list, struct sim_config *cfg, char *err, siz
 
 int sim_config_from_env(struct sim_config *cfg, char *err, size_t errlen)
 {
-    uint64_t ndev, max_pending, driver, sms, threads;
+    uint64_t ndev, max_pending, driver, sms, threads, timeslice_us;
     memset(cfg, 0, sizeof *cfg);
     if (env_u64("VCUDA_SIM_DEVICES", 1, &ndev, err, errlen) ||
         env_u64("VCUDA_SIM_MEMORY", 16ull << 30, &cfg->memory, err, errlen) ||
@@ -152,7 +152,8 @@ int sim_config_from_env(struct sim_config *cfg, char *err, size_t errlen)
         env_u64("VCUDA_SIM_SMS", 132, &sms, err, errlen) ||
         env_u64("VCUDA_SIM_THREADS_PER_SM", 2048, &threads, err, errlen) ||
         env_u64("VCUDA_SIM_POOL_CHUNK", 32ull << 20, &cfg->pool_chunk, err, errlen) ||
-        env_u64("VCUDA_SIM_KERNEL_CODE", 0, &cfg->kernel_code, err, errlen))
+        env_u64("VCUDA_SIM_KERNEL_CODE", 0, &cfg->kernel_code, err, errlen) ||
+        env_u64("VCUDA_SIM_TIMESLICE_US", 2000, &timeslice_us, err, errlen))
         return -1;
     if (sms < 1 || sms > 1024 || threads < 32 || threads > 8192) {
         snprintf(err, errlen, "VCUDA_SIM_SMS must be 1..1024 and VCUDA_SIM_THREADS_PER_SM 32..8192");
@@ -172,12 +173,17 @@ int sim_config_from_env(struct sim_config *cfg, char *err, size_t errlen)
         snprintf(err, errlen, "VCUDA_SIM_MAX_PENDING must be 1..1048576");
         return -1;
     }
+    if (timeslice_us < 10 || timeslice_us > 1000000) {
+        snprintf(err, errlen, "VCUDA_SIM_TIMESLICE_US must be 10..1000000");
+        return -1;
+    }
     if (driver > 1000000) {
         snprintf(err, errlen, "VCUDA_SIM_DRIVER_VERSION must look like 13000");
         return -1;
     }
     cfg->ndev = (uint32_t)ndev;
     cfg->max_pending = (uint32_t)max_pending;
+    cfg->timeslice_ns = timeslice_us * 1000;
     cfg->driver_version = (int32_t)driver;
     if (parse_numa(getenv("VCUDA_SIM_NUMA"), cfg, err, errlen) ||
         parse_nvlink(getenv("VCUDA_SIM_NVLINK"), cfg, err, errlen))

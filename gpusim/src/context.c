@@ -358,10 +358,7 @@ SIM_EXPORT CUresult cuCtxSynchronize(void)
     CUresult rc = sim_require_ctx(&c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    pthread_mutex_lock(&sim.mu);
-    uint64_t t = c->last_end_ns;
-    pthread_mutex_unlock(&sim.mu);
-    sim_wait(t);
+    sim_ctx_drain(c);
     sim_pools_release_on_sync();
     return CUDA_SUCCESS;
 }

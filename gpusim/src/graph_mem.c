@@ -37,7 +37,7 @@ struct sim_graph_mem {
     bool exec, mapped, destroyed;
     uint64_t footprint;
     struct sim_stream *last_stream; /* busy while its last launch is queued there */
-    uint64_t last_end_ns;
+    struct sim_mark last_end; /* its last launch's last kernel */
     struct sim_graph_mem *next_exec;
 };
 
@@ -236,11 +236,11 @@ void sim_graph_mem_launched(struct sim_graph *exec, struct sim_stream *s)
     if (!x)
         return;
     pthread_mutex_lock(&sim.mu);
-    uint64_t end = s->tail_ns;
+    struct sim_mark end = s->tail;
     pthread_mutex_unlock(&sim.mu);
     pthread_mutex_lock(&gmu);
     x->last_stream = s;
-    x->last_end_ns = end;
+    x->last_end = end;
     for (size_t i = 0; i < x->n; i++) /* not freed in the graph: live until cuMemFree */
         x->nodes[i].live = !x->nodes[i].is_free && !freed_in_graph(x, i);
     pthread_mutex_unlock(&gmu);
@@ -289,12 +289,11 @@ SIM_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device)
     CUresult rc = sim_ordinal(device, &phys);
     if (rc != CUDA_SUCCESS)
         return rc;
-    uint64_t now = sim_now_ns();
     pthread_mutex_lock(&gmu);
     struct graph_reserve *r = reserve_of(phys);
     for (struct sim_graph_mem **pp = &execs; *pp;) {
         struct sim_graph_mem *x = *pp;
-        if (x->phys == phys && x->mapped && x->last_end_ns <= now && !has_live(x))
+        if (x->phys == phys && x->mapped && sim_mark_done(x->last_end) && !has_live(x))
             unmap(x); /* neither executing nor scheduled: its pages can go */
         if (x->destroyed && !x->mapped) {
             *pp = x->next_exec;

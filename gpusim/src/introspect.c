@@ -66,7 +66,8 @@ VS_EXPORT int vcudasim_get_config(vcudasim_state *st, vcudasim_config *out)
                              .sms = st->sh->sms,
                              .threads_per_sm = st->sh->threads_per_sm,
                              .pool_chunk = st->sh->pool_chunk,
-                             .kernel_code = st->sh->kernel_code};
+                             .kernel_code = st->sh->kernel_code,
+                             .timeslice_us = (uint32_t)(st->sh->timeslice_ns / 1000)};
     return 0;
 }
 
@@ -84,6 +85,8 @@ VS_EXPORT int vcudasim_device_info(vcudasim_state *st, unsigned dev, vcudasim_de
     memset(out, 0, sizeof *out);
     sim_lock(sh);
     sim_reap_dead(sh);
+    uint64_t now = sim_now_ns();
+    sim_sched_advance(sh, dev, now);
     out->index = dev;
     memcpy(out->uuid, d->uuid, sizeof out->uuid);
     memcpy(out->name, d->name, sizeof out->name);
@@ -91,7 +94,7 @@ VS_EXPORT int vcudasim_device_info(vcudasim_state *st, unsigned dev, vcudasim_de
     out->used = sim_device_used(sh, dev);
     out->busy_ns = d->busy_ns;
     out->kernels = d->kernels;
-    out->busy_until_ns = d->busy_until_ns;
+    out->busy_until_ns = now + sim_sched_pending(sh, dev); /* it never idles with work queued */
     out->numa_node = d->numa_node;
     out->nvlink_peers = d->nvlink_peers;
     out->lost = __atomic_load_n(&d->lost, __ATOMIC_ACQUIRE);
@@ -116,6 +119,7 @@ VS_EXPORT int vcudasim_processes(vcudasim_state *st, unsigned dev, vcudasim_proc
     int n = 0;
     sim_lock(sh);
     sim_reap_dead(sh);
+    sim_sched_advance(sh, dev, sim_now_ns());
     for (uint32_t i = 0; i < sh->nproc_hw; i++) {
         const struct sim_proc *p = &sh->proc[i];
         if (!proc_on(p, dev))
@@ -123,7 +127,8 @@ VS_EXPORT int vcudasim_processes(vcudasim_state *st, unsigned dev, vcudasim_proc
         if (n < cap) {
             out[n] = (vcudasim_process){.pid = p->pid, .contexts = p->contexts[dev],
                                         .used = p->used[dev], .busy_ns = p->busy_ns[dev],
-                                        .kernels = p->kernels[dev], .host_pid = p->host_pid};
+                                        .kernels = p->kernels[dev], .host_pid = p->host_pid,
+                                        .pending_ns = p->queued_ns[dev] - p->busy_ns[dev]};
             memcpy(out[n].mem, p->mem[dev], sizeof out[n].mem);
         }
         n++;

@@ -414,11 +414,11 @@ static CUresult sync_copy(CUdeviceptr dev_a, CUdeviceptr dev_b, size_t n, const 
     struct sim_stream *s;
     if ((rc = sim_stream_resolve(NULL, ptds, &s)) != CUDA_SUCCESS)
         return rc;
-    pthread_mutex_lock(&sim.mu);
     struct sim_ctx *c = sim_current_ctx();
-    uint64_t t = ptds ? s->tail_ns : c ? c->last_end_ns : 0;
-    pthread_mutex_unlock(&sim.mu);
-    sim_wait(t);
+    if (ptds)
+        sim_stream_drain(s);
+    else if (c)
+        sim_ctx_drain(c);
     return CUDA_SUCCESS;
 }
 

@@ -18,12 +18,13 @@
 #include <vcuda/cuda_abi.h>
 
 #define SIM_MAGIC 0x4d49534144554356ULL /* "VCUDASIM" */
-#define SIM_VERSION 3u /* 2: NUMA, NVLink, XID events, lost flag; 3: memory breakdown, host pids */
+#define SIM_VERSION 4u /* 2: NUMA, NVLink, XID events, lost flag; 3: memory breakdown, host pids; 4: time-sliced schedule */
 #define SIM_MAX_DEVICES 16
 #define SIM_MAX_PROCS 1024
 #define SIM_RUNS 512 /* busy runs kept per device for utilization */
 #define SIM_STR 96
 #define SIM_XID_RING 64 /* XID events kept per device for late readers */
+#define SIM_SEGS 64 /* service stretches kept per process, to time its events */
 #define SIM_NVSWITCHES 4 /* VCUDA_SIM_NVLINK=switch: every GPU's links spread over 4 switches, */
 #define SIM_SWITCH_LINKS 18 /* 18 links per GPU, as on an HGX H100 board */
 #define SIM_ADDR_BASE 0x100000000000ULL /* fake device addresses start here */
@@ -49,6 +50,13 @@ struct sim_run {
     uint64_t start_ns, end_ns;
 };
 
+/* A stretch during which one process's work on device dev was served:
+ * positions (pos, pos + len] of its queue ran at times (t_ns, t_ns + len]. */
+struct sim_seg {
+    uint64_t t_ns, pos, len;
+    uint32_t dev, pad;
+};
+
 /* One injected XID; slot seq % SIM_XID_RING of its device's ring. */
 struct sim_xid {
     uint64_t seq; /* 1, 2, ... per device */
@@ -65,9 +73,14 @@ struct sim_device {
     uint32_t pad;
     uint64_t xid_seq;      /* sequence number of the last XID injected; under the lock */
     struct sim_xid xids[SIM_XID_RING];
-    uint64_t busy_until_ns; /* end of the last kernel queued: timeline tail */
-    uint64_t busy_ns;       /* all kernels ever queued, dead processes included */
-    uint64_t kernels;
+    /* The time-sliced schedule (schedule.c), advanced lazily to sched_ns. */
+    uint64_t sched_ns;      /* work is served up to here */
+    uint64_t slice_used_ns; /* of rr_slot's current slice */
+    uint64_t reap_ns;       /* last check for dead processes with queued work */
+    int32_t rr_slot;        /* process whose slice runs or ran last; -1: none yet */
+    uint32_t pad2;
+    uint64_t busy_ns;       /* work served, dead processes included */
+    uint64_t kernels;       /* kernels launched, dead processes included */
     uint32_t run_head, run_count;
     struct sim_run runs[SIM_RUNS];
 };
@@ -80,10 +93,15 @@ struct sim_proc {
     int32_t host_pid; /* what NVML reports: pid + the process's VCUDA_SIM_HOST_PID_OFFSET */
     uint64_t start_time; /* /proc/<pid>/stat field 22: survives pid reuse */
     uint64_t used[SIM_MAX_DEVICES];
+    /* Work queue per device, as cumulative ns: a kernel of d ns launched when
+     * queued_ns was q completes when busy_ns (served) reaches q + d. */
+    uint64_t queued_ns[SIM_MAX_DEVICES];
     uint64_t busy_ns[SIM_MAX_DEVICES];
-    uint64_t kernels[SIM_MAX_DEVICES];
+    uint64_t kernels[SIM_MAX_DEVICES]; /* launched */
     uint32_t contexts[SIM_MAX_DEVICES];
     uint64_t mem[SIM_MAX_DEVICES][SIM_MEM_KINDS]; /* used[d] broken down */
+    uint32_t seg_head, seg_count; /* ring of its last SIM_SEGS service stretches */
+    struct sim_seg segs[SIM_SEGS];
 };
 
 struct sim_shared {
@@ -94,6 +112,7 @@ struct sim_shared {
     uint32_t ndev;
     uint32_t max_pending;
     uint64_t ctx_overhead;
+    uint64_t timeslice_ns; /* round-robin slice between processes */
     int32_t driver_version;
     uint32_t nproc_hw; /* slots [0, nproc_hw) may be in use */
     uint64_t next_addr;
@@ -116,6 +135,7 @@ struct sim_config {
     uint64_t ctx_overhead;
     int32_t driver_version;
     uint32_t max_pending;
+    uint64_t timeslice_ns;
     char uuid[SIM_MAX_DEVICES][SIM_STR];
     char name[SIM_MAX_DEVICES][SIM_STR];
     int32_t numa[SIM_MAX_DEVICES];
@@ -142,8 +162,24 @@ int sim_proc_attach(struct sim_shared *sh, pid_t pid); /* slot index or -1 */
 void sim_proc_release(struct sim_shared *sh, int slot);
 void sim_reap_dead(struct sim_shared *sh); /* reclaim dead processes' memory */
 uint64_t sim_device_used(const struct sim_shared *sh, unsigned phys);
+bool sim_proc_alive(const struct sim_proc *pr);
+
+/* schedule.c: the time-sliced execution schedule of each device. Callers
+ * hold the shared lock. */
+void sim_sched_advance(struct sim_shared *sh, unsigned phys, uint64_t now); /* serve up to now */
+void sim_sched_advance_all(struct sim_shared *sh, uint64_t now);
+/* When slot's served work on phys will reach pos if no process launches
+ * more and none dies (later launches can only delay it), or until if that
+ * is later; call after advancing. */
+uint64_t sim_sched_predict(const struct sim_shared *sh, unsigned phys, int slot, uint64_t pos,
+                           uint64_t until);
+uint64_t sim_sched_pending(const struct sim_shared *sh, unsigned phys); /* all live processes */
+/* The time slot's served work on phys reached pos, from its service ring
+ * (before the ring: when its oldest stretch there began, an upper bound);
+ * 0: not served yet, or no stretch on phys kept. */
+uint64_t sim_sched_served_at(const struct sim_shared *sh, unsigned phys, int slot, uint64_t pos);
 uint64_t sim_utilization_window(struct sim_shared *sh, unsigned phys, uint64_t now,
-                                uint64_t window_ns); /* busy ns in (now-window, now] */
+                                uint64_t window_ns); /* advances; busy ns in (now-window, now] */
 
 /* events.c: XID events, shared by every process on the state file. */
 uint64_t sim_xid_post(struct sim_shared *sh, unsigned phys, uint64_t xid); /* its seq */
@@ -173,7 +209,7 @@ struct sim_ctx {
     int ordinal;    /* visible device index */
     unsigned phys;  /* index in the state file */
     unsigned flags;
-    uint64_t last_end_ns; /* completion of everything queued in this context */
+    uint64_t last_pos; /* queue position of everything launched in this context */
     struct sim_stream *legacy;
     unsigned long long id;
     struct sim_ctx_mem *mem; /* limits and local memory (local_mem.c); NULL until used */
@@ -188,14 +224,22 @@ struct sim_graph {
     struct sim_graph_mem *mem; /* memory nodes (graph_mem.c); NULL: none */
 };
 
+/* A point in this process's work queue on a device (see sim_proc.queued_ns):
+ * reached when the device has served pos of it. */
+struct sim_mark {
+    uint64_t pos;
+    unsigned phys;
+};
+
 struct sim_stream {
     uint32_t magic;
+    uint32_t gen; /* sim.gen when its marks were made (a per-thread stream survives fork) */
     bool alive;
     struct sim_ctx *ctx; /* NULL for a per-thread stream: follows the current context */
     unsigned flags;
     int priority;
-    uint64_t tail_ns;   /* completion of its last kernel */
-    uint64_t *pending;  /* ring of end times of queued kernels */
+    struct sim_mark tail;     /* its last kernel */
+    struct sim_mark *pending; /* ring of its queued kernels */
     size_t head, count, cap;
     struct sim_graph *capture; /* non-NULL while capturing */
 };
@@ -205,7 +249,9 @@ struct sim_event {
     bool alive;
     bool recorded;
     unsigned flags;
-    uint64_t time_ns;
+    struct sim_mark mark; /* the work before it */
+    uint64_t record_ns;
+    uint64_t time_ns; /* when it completed; 0: not seen complete yet */
 };
 
 #define SIM_MODULE_MAGIC 0x4d4f444cu
@@ -351,7 +397,9 @@ struct sim_ctx *sim_stream_ctx(const struct sim_stream *s); /* per-thread: curre
 /* Queues a kernel of dur_us on s (or appends it to the graph s is capturing);
  * blocks while s already has max_pending kernels queued. */
 CUresult sim_launch(struct sim_stream *s, uint64_t dur_us);
-void sim_wait(uint64_t t_ns); /* sleeps until CLOCK_MONOTONIC t_ns */
+void sim_stream_drain(struct sim_stream *s); /* sleeps until its work completed */
+void sim_ctx_drain(struct sim_ctx *c);       /* likewise, everything in c */
+bool sim_mark_done(struct sim_mark m);        /* the device has served up to m */
 CUresult sim_graph_append(struct sim_graph *g, uint64_t dur_us); /* caller holds sim.mu */
 struct sim_graph *sim_graph_new(bool exec);
 struct sim_graph *sim_graph_of(void *h, bool exec); /* a live graph (exec: executable) or NULL */

@@ -15,9 +15,10 @@
 
 #include "sim.h"
 
-static void init_shared(struct sim_shared *sh, const struct sim_config *cfg)
+static void init_shared(struct sim_shared *sh, const struct sim_config *cfg, bool fresh)
 {
-    memset(sh, 0, sizeof *sh);
+    if (!fresh) /* a new file reads as zeros: writing them would allocate all of it */
+        memset(sh, 0, sizeof *sh);
     pthread_mutexattr_t a;
     pthread_mutexattr_init(&a);
     pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
@@ -29,6 +30,7 @@ static void init_shared(struct sim_shared *sh, const struct sim_config *cfg)
     sh->ndev = cfg->ndev;
     sh->max_pending = cfg->max_pending;
     sh->ctx_overhead = cfg->ctx_overhead;
+    sh->timeslice_ns = cfg->timeslice_ns;
     sh->driver_version = cfg->driver_version;
     sh->next_addr = SIM_ADDR_BASE;
     sh->nvswitch = cfg->nvswitch;
@@ -42,6 +44,7 @@ static void init_shared(struct sim_shared *sh, const struct sim_config *cfg)
         sh->dev[i].capacity = cfg->memory;
         sh->dev[i].numa_node = cfg->numa[i];
         sh->dev[i].nvlink_peers = cfg->nvlink_peers[i];
+        sh->dev[i].rr_slot = -1;
     }
     /* Readers check the magic after taking the flock; the release store keeps
      * a crashed creator's half-written file recognisable (magic still 0). */
@@ -112,7 +115,7 @@ struct sim_shared *sim_state_open(const char *path, bool create, char *err, size
             sh = NULL;
             goto out;
         }
-        init_shared(sh, &cfg);
+        init_shared(sh, &cfg, fresh);
     } else if (magic != SIM_MAGIC) {
         snprintf(err, errlen, "%s is not a vcuda simulator state file (bad magic)", path);
         munmap(m, maplen);
@@ -201,7 +204,7 @@ static uint64_t proc_start_time(pid_t pid)
     return strtoull(p, NULL, 10);
 }
 
-static bool proc_alive(const struct sim_proc *pr)
+bool sim_proc_alive(const struct sim_proc *pr)
 {
     if (kill(pr->pid, 0) != 0 && errno == ESRCH)
         return false;
@@ -247,14 +250,18 @@ int sim_proc_attach(struct sim_shared *sh, pid_t pid)
 
 void sim_proc_release(struct sim_shared *sh, int slot)
 {
-    if (slot >= 0 && slot < SIM_MAX_PROCS)
-        sh->proc[slot].pid = 0; /* one store frees its memory from the books */
+    if (slot < 0 || slot >= SIM_MAX_PROCS)
+        return;
+    /* Credit the work it was served until now; what it still had queued
+     * is dropped with it, as a context's pending work is at exit. */
+    sim_sched_advance_all(sh, sim_now_ns());
+    sh->proc[slot].pid = 0; /* one store frees its memory from the books */
 }
 
 void sim_reap_dead(struct sim_shared *sh)
 {
     for (uint32_t i = 0; i < sh->nproc_hw; i++)
-        if (sh->proc[i].pid != 0 && !proc_alive(&sh->proc[i]))
+        if (sh->proc[i].pid != 0 && !sim_proc_alive(&sh->proc[i]))
             sh->proc[i].pid = 0;
 }
 
@@ -265,21 +272,4 @@ uint64_t sim_device_used(const struct sim_shared *sh, unsigned phys)
         if (sh->proc[i].pid != 0)
             used += sh->proc[i].used[phys];
     return used;
-}
-
-uint64_t sim_utilization_window(struct sim_shared *sh, unsigned phys, uint64_t now,
-                                uint64_t window_ns)
-{
-    const struct sim_device *d = &sh->dev[phys];
-    uint64_t lo = now > window_ns ? now - window_ns : 0, busy = 0;
-    for (uint32_t k = 0; k < d->run_count; k++) {
-        const struct sim_run *r = &d->runs[(d->run_head + SIM_RUNS - k) % SIM_RUNS];
-        if (r->end_ns <= lo)
-            break; /* runs are in time order, newest first here */
-        uint64_t s = r->start_ns > lo ? r->start_ns : lo;
-        uint64_t e = r->end_ns < now ? r->end_ns : now;
-        if (e > s)
-            busy += e - s;
-    }
-    return busy;
 }

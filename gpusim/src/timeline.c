@@ -1,15 +1,20 @@
-/* The execution timeline. Each simulated device runs one kernel at a time,
- * for all processes: a kernel starts at max(now, the device's busy-until)
- * and ends dur later, in launch order (the shared lock orders launches).
- * A stream remembers the end times of its queued kernels; waiting on a
- * stream, event or context sleeps until the simulated completion time.
- * Streams and events live here too: they are views onto the timeline. */
+/* Streams and events: views onto the device schedule (schedule.c).
+ * A launch appends its kernel to this process's queue on the device; the
+ * kernel, and the stream work and events before it, complete when the
+ * schedule has served the process's queue up to that point (a sim_mark).
+ * Waiting on a stream, event or context sleeps until the predicted
+ * completion, then advances the schedule and looks again. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
 
 #include "api.h"
 #include "sim.h"
+
+/* While other processes have work queued, a wait sleeps at most this long
+ * before looking again: one that dies brings completions forward, which no
+ * prediction foresees. */
+#define SIM_RECHECK_NS 10000000ull
 
 static pthread_key_t pts_key;
 static pthread_once_t pts_once = PTHREAD_ONCE_INIT;
@@ -33,6 +38,7 @@ static struct sim_stream *stream_new(struct sim_ctx *c, unsigned flags, int prio
     if (!s)
         return NULL;
     s->magic = SIM_STREAM_MAGIC;
+    s->gen = sim.gen;
     s->alive = true;
     s->ctx = c;
     s->flags = flags;
@@ -58,6 +64,13 @@ CUresult sim_stream_resolve(CUstream h, bool ptsz, struct sim_stream **out)
                     return CUDA_ERROR_OUT_OF_MEMORY;
                 pthread_setspecific(pts_key, per_thread);
             }
+            if (per_thread->gen != sim.gen) { /* forked: the parent's queue is not ours */
+                pthread_mutex_lock(&sim.mu);
+                per_thread->head = per_thread->count = 0;
+                per_thread->tail = (struct sim_mark){0};
+                per_thread->gen = sim.gen;
+                pthread_mutex_unlock(&sim.mu);
+            }
             *out = per_thread;
             return CUDA_SUCCESS;
         }
@@ -80,16 +93,63 @@ struct sim_ctx *sim_stream_ctx(const struct sim_stream *s)
     return s->ctx ? s->ctx : sim_current_ctx();
 }
 
-void sim_wait(uint64_t t_ns)
+/* Caller holds the shared lock. Has this process's work on phys reached pos
+ * (as of the last advance)? A position it never had counts as reached, and
+ * so does everything once its slot was taken from it (its work was dropped). */
+static bool reached(const struct sim_shared *sh, unsigned phys, uint64_t pos)
 {
-    if (t_ns > sim_now_ns())
-        sim_sleep_until(t_ns);
+    const struct sim_proc *p = &sh->proc[sim.slot];
+    return p->busy_ns[phys] >= pos || p->queued_ns[phys] < pos || p->pid != sim.pid;
 }
 
-/* Caller holds sim.mu. Drops the kernels that have completed by now. */
-static void stream_retire(struct sim_stream *s, uint64_t now)
+/* Likewise, the schedule advanced to now first. */
+static bool reached_locked(struct sim_shared *sh, unsigned phys, uint64_t pos, uint64_t now)
 {
-    while (s->count && s->pending[s->head] <= now) {
+    sim_sched_advance(sh, phys, now);
+    return reached(sh, phys, pos);
+}
+
+bool sim_mark_done(struct sim_mark m)
+{
+    if (m.pos == 0)
+        return true;
+    sim_lock(sim.sh);
+    bool done = reached_locked(sim.sh, m.phys, m.pos, sim_now_ns());
+    sim_unlock(sim.sh);
+    return done;
+}
+
+/* Sleeps until m is reached: until its predicted completion if nothing more
+ * is launched (later launches by others only delay it), then looks again. */
+static void mark_wait(struct sim_mark m)
+{
+    struct sim_shared *sh = sim.sh;
+    if (m.pos == 0)
+        return;
+    for (;;) {
+        sim_lock(sh);
+        uint64_t now = sim_now_ns();
+        if (reached_locked(sh, m.phys, m.pos, now)) {
+            sim_unlock(sh);
+            return;
+        }
+        const struct sim_proc *p = &sh->proc[sim.slot];
+        bool alone = sim_sched_pending(sh, m.phys) == p->queued_ns[m.phys] - p->busy_ns[m.phys];
+        uint64_t t = sim_sched_predict(sh, m.phys, sim.slot, m.pos,
+                                       alone ? UINT64_MAX : now + SIM_RECHECK_NS);
+        sim_unlock(sh);
+        sim_sleep_until(t);
+    }
+}
+
+/* Caller holds sim.mu and the shared lock, phys advanced. Drops the kernels
+ * that have completed. */
+static void stream_retire(struct sim_stream *s)
+{
+    while (s->count) {
+        struct sim_mark m = s->pending[s->head];
+        if (!reached(sim.sh, m.phys, m.pos))
+            break;
         s->head = (s->head + 1) % s->cap;
         s->count--;
     }
@@ -101,7 +161,7 @@ static int stream_reserve(struct sim_stream *s)
     if (s->count < s->cap)
         return 0;
     size_t ncap = s->cap ? s->cap * 2 : 16;
-    uint64_t *n = malloc(ncap * sizeof *n);
+    struct sim_mark *n = malloc(ncap * sizeof *n);
     if (!n)
         return -1;
     for (size_t i = 0; i < s->count; i++)
@@ -111,20 +171,6 @@ static int stream_reserve(struct sim_stream *s)
     s->head = 0;
     s->cap = ncap;
     return 0;
-}
-
-/* Caller holds the shared lock. Records [start, end) as busy on the device. */
-static void record_run(struct sim_device *d, uint64_t start, uint64_t end)
-{
-    struct sim_run *last = d->run_count ? &d->runs[d->run_head] : NULL;
-    if (last && last->end_ns == start) {
-        last->end_ns = end; /* back to back: one run */
-        return;
-    }
-    d->run_head = d->run_count ? (d->run_head + 1) % SIM_RUNS : 0;
-    d->runs[d->run_head] = (struct sim_run){start, end};
-    if (d->run_count < SIM_RUNS)
-        d->run_count++;
 }
 
 CUresult sim_launch(struct sim_stream *s, uint64_t dur_us)
@@ -142,46 +188,56 @@ CUresult sim_launch(struct sim_stream *s, uint64_t dur_us)
         pthread_mutex_unlock(&sim.mu);
         return c ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_CONTEXT;
     }
+    if (stream_reserve(s) != 0) {
+        pthread_mutex_unlock(&sim.mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    unsigned phys = c->phys;
+    struct sim_proc *pr = &sh->proc[sim.slot];
     for (;;) {
-        stream_retire(s, sim_now_ns());
+        sim_lock(sh);
+        sim_sched_advance(sh, phys, sim_now_ns()); /* before queueing: see schedule.c */
+        stream_retire(s);
         if (s->count < sh->max_pending)
             break;
-        /* Queue full: block the launcher until the oldest kernel completes. */
-        uint64_t t = s->pending[s->head];
+        /* Queue full: block the launcher until its oldest kernel completes. */
+        struct sim_mark oldest = s->pending[s->head];
+        sim_unlock(sh);
         pthread_mutex_unlock(&sim.mu);
-        sim_sleep_until(t);
+        mark_wait(oldest);
         pthread_mutex_lock(&sim.mu);
         if (!s->alive || !sim_ctx_valid(c)) {
             pthread_mutex_unlock(&sim.mu);
             return CUDA_ERROR_INVALID_HANDLE;
         }
     }
-    if (stream_reserve(s) != 0) {
-        pthread_mutex_unlock(&sim.mu);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-
-    sim_lock(sh);
-    struct sim_device *d = &sh->dev[c->phys];
-    uint64_t now = sim_now_ns();
-    uint64_t start = d->busy_until_ns > now ? d->busy_until_ns : now;
-    uint64_t end = start + dur;
-    d->busy_until_ns = end;
-    d->busy_ns += dur;
-    d->kernels++;
-    if (dur)
-        record_run(d, start, end);
-    struct sim_proc *pr = &sh->proc[sim.slot];
-    pr->busy_ns[c->phys] += dur;
-    pr->kernels[c->phys]++;
+    pr->queued_ns[phys] += dur;
+    pr->kernels[phys]++;
+    sh->dev[phys].kernels++;
+    struct sim_mark m = {.pos = pr->queued_ns[phys], .phys = phys};
     sim_unlock(sh);
 
-    s->pending[(s->head + s->count++) % s->cap] = end;
-    s->tail_ns = end;
-    if (end > c->last_end_ns)
-        c->last_end_ns = end;
+    s->pending[(s->head + s->count++) % s->cap] = m;
+    s->tail = m;
+    c->last_pos = m.pos;
     pthread_mutex_unlock(&sim.mu);
     return CUDA_SUCCESS;
+}
+
+void sim_stream_drain(struct sim_stream *s)
+{
+    pthread_mutex_lock(&sim.mu);
+    struct sim_mark m = s->tail;
+    pthread_mutex_unlock(&sim.mu);
+    mark_wait(m);
+}
+
+void sim_ctx_drain(struct sim_ctx *c)
+{
+    pthread_mutex_lock(&sim.mu);
+    struct sim_mark m = {.pos = c->last_pos, .phys = c->phys};
+    pthread_mutex_unlock(&sim.mu);
+    mark_wait(m);
 }
 
 /* ---- streams ---- */
@@ -195,7 +251,8 @@ SIM_EXPORT CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int 
     CUresult rc = sim_require_ctx(&c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    /* Priorities are accepted and clamped; the simulator runs FIFO anyway. */
+    /* Priorities are accepted and clamped; a process's kernels run in launch
+     * order anyway. */
     priority = priority > 0 ? 0 : priority < -5 ? -5 : priority;
     struct sim_stream *s = stream_new(c, flags, priority);
     if (!s)
@@ -217,7 +274,7 @@ SIM_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
     CUresult rc = sim_stream_resolve(hStream, false, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
-    /* Queued work still runs (it is on the device timeline already). */
+    /* Queued work still runs (it is in the process's queue already). */
     pthread_mutex_lock(&sim.mu);
     s->alive = false;
     free(s->pending);
@@ -235,11 +292,10 @@ static CUresult stream_sync(CUstream h, bool ptsz)
         return rc;
     pthread_mutex_lock(&sim.mu);
     bool capturing = s->capture != NULL;
-    uint64_t t = s->tail_ns;
     pthread_mutex_unlock(&sim.mu);
     if (capturing)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    sim_wait(t);
+    sim_stream_drain(s);
     sim_pools_release_on_sync();
     return CUDA_SUCCESS;
 }
@@ -251,9 +307,9 @@ static CUresult stream_query(CUstream h, bool ptsz)
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&sim.mu);
-    uint64_t t = s->tail_ns;
+    struct sim_mark m = s->tail;
     pthread_mutex_unlock(&sim.mu);
-    return t <= sim_now_ns() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    return sim_mark_done(m) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 SIM_EXPORT CUresult cuStreamSynchronize(CUstream hStream) { return stream_sync(hStream, false); }
@@ -269,8 +325,8 @@ static struct sim_event *event_of(CUevent h)
     return e && e->magic == SIM_EVENT_MAGIC && e->alive ? e : NULL;
 }
 
-/* On one serial timeline every earlier kernel precedes every later one, so
- * a cross-stream wait is already satisfied: only the handles are checked. */
+/* A process's kernels run in launch order, so a wait on an event of the
+ * same process is already satisfied: only the handles are checked. */
 static CUresult stream_wait_event(CUstream h, CUevent ev, unsigned flags, bool ptsz)
 {
     struct sim_stream *s;
@@ -308,6 +364,25 @@ SIM_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     return CUDA_SUCCESS;
 }
 
+/* Caller holds sim.mu. Whether e has completed; notes when, the first time
+ * it is seen complete: from its process's service history (never before it
+ * was recorded), or now if none is kept. */
+static bool event_done(struct sim_event *e)
+{
+    if (!e->recorded || e->time_ns)
+        return true;
+    struct sim_shared *sh = sim.sh;
+    sim_lock(sh);
+    uint64_t now = sim_now_ns();
+    bool done = reached_locked(sh, e->mark.phys, e->mark.pos, now);
+    if (done) {
+        uint64_t t = sim_sched_served_at(sh, e->mark.phys, sim.slot, e->mark.pos);
+        e->time_ns = !t ? now : t > e->record_ns ? t : e->record_ns;
+    }
+    sim_unlock(sh);
+    return done;
+}
+
 static CUresult event_record(CUevent ev, CUstream h, bool ptsz)
 {
     struct sim_stream *s;
@@ -319,9 +394,11 @@ static CUresult event_record(CUevent ev, CUstream h, bool ptsz)
         return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&sim.mu);
     if (!s->capture) { /* inside a capture it would be a graph node: ignored */
-        uint64_t now = sim_now_ns();
-        e->time_ns = s->tail_ns > now ? s->tail_ns : now;
+        e->mark = s->tail;
+        e->record_ns = sim_now_ns();
+        e->time_ns = 0;
         e->recorded = true;
+        event_done(e); /* nothing before it left: complete at once */
     }
     pthread_mutex_unlock(&sim.mu);
     return CUDA_SUCCESS;
@@ -346,9 +423,9 @@ SIM_EXPORT CUresult cuEventQuery(CUevent hEvent)
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&sim.mu);
-    uint64_t t = e->recorded ? e->time_ns : 0;
+    bool done = event_done(e);
     pthread_mutex_unlock(&sim.mu);
-    return t <= sim_now_ns() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
@@ -360,9 +437,15 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&sim.mu);
-    uint64_t t = e->recorded ? e->time_ns : 0;
+    bool recorded = e->recorded;
+    struct sim_mark m = e->mark;
     pthread_mutex_unlock(&sim.mu);
-    sim_wait(t);
+    if (recorded) {
+        mark_wait(m);
+        pthread_mutex_lock(&sim.mu);
+        event_done(e);
+        pthread_mutex_unlock(&sim.mu);
+    }
     sim_pools_release_on_sync();
     return CUDA_SUCCESS;
 }
@@ -379,12 +462,12 @@ SIM_EXPORT CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUe
         return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&sim.mu);
     bool recorded = a->recorded && b->recorded;
+    bool done = recorded && event_done(a) && event_done(b);
     uint64_t ta = a->time_ns, tb = b->time_ns;
     pthread_mutex_unlock(&sim.mu);
     if (!recorded)
         return CUDA_ERROR_INVALID_HANDLE;
-    uint64_t now = sim_now_ns();
-    if (ta > now || tb > now)
+    if (!done)
         return CUDA_ERROR_NOT_READY;
     *pMilliseconds = (float)(((double)tb - (double)ta) / 1e6);
     return CUDA_SUCCESS;

@@ -16,6 +16,8 @@ int nptr;
 static CUcontext ctxs[64];
 static int nctx;
 CUstream stream; /* NULL: legacy default stream */
+static CUevent events[64];
+static int nevent;
 static CUfunction fn;
 
 static double now_ms(void)
@@ -142,6 +144,20 @@ int main(int argc, char **argv)
             for (int k = 0; k < n && rc == CUDA_SUCCESS; k++)
                 rc = launch(us);
             printf("launch %d %.1f\n", rc, now_ms() - t0);
+        } else if (!strcmp(cmd, "event")) { /* records a new event on the current stream */
+            CUevent e = NULL;
+            rc = nevent < 64 ? cuEventCreate(&e, 0) : CUDA_ERROR_INVALID_VALUE;
+            if (!rc)
+                rc = cuEventRecord(e, stream);
+            if (!rc)
+                events[nevent++] = e;
+            printf("event %d\n", rc);
+        } else if (!strcmp(cmd, "elapsed")) { /* waits for the last event: ms since the one before */
+            float ms = 0;
+            rc = nevent < 2 ? CUDA_ERROR_INVALID_VALUE : cuEventSynchronize(events[nevent - 1]);
+            if (!rc)
+                rc = cuEventElapsedTime_v2(&ms, events[nevent - 2], events[nevent - 1]);
+            printf("elapsed %d %.3f\n", rc, ms);
         } else if (!strcmp(cmd, "sync")) { /* prints ms spent waiting */
             double t0 = now_ms();
             rc = stream ? cuStreamSynchronize(stream) : cuCtxSynchronize();

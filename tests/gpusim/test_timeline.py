@@ -1,5 +1,6 @@
 """The execution timeline: kernels take the time their launch asks for, all
-processes share one device timeline, waits sleep until completion."""
+processes share one device (one kernel at a time; test_timeslice.py has how
+they are interleaved), waits sleep until completion."""
 
 from __future__ import annotations
 

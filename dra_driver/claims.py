@@ -247,6 +247,11 @@ def _share(claim: Claim, request: str, results: list[Result], gpu_of: Callable[[
                              "ResourceSlice replaced since the claim was allocated?)")
         gpus.append(gpu)
     cores = [CORES_PER_GPU if r.cores is None else r.cores for r in results]
+    if min(cores) < CORES_PER_GPU and any(r.memory is None for r in results):
+        # Our slices give memory a default, so a share always books some: a share without it is
+        # not ours to guess, and must not run with no memory quota at all (fail closed).
+        raise ClaimError(f"{where}: a share of {min(cores)} cores records no consumed memory capacity; "
+                         "a share of a GPU must book memory (the device's `memory` capacity)")
     config = claim.config(request)
     limits = {_memory_limit(r, g) for r, g in zip(results, gpus, strict=True)}
     if len(limits) > 1:

@@ -56,6 +56,13 @@ def test_whole_gpus_run_unthrottled(devices, memory):
     assert (s.core_request, s.core_limit, s.fractional, s.memory_limit) == (100, 100, False, memory)
 
 
+def test_a_share_that_books_no_memory_is_refused_not_unlimited():
+    device = t.share(NODE, 0, 30, GiB)
+    del device["consumedCapacity"][t.MEMORY]
+    with pytest.raises(ClaimError, match="records no consumed memory capacity"):
+        shares(t.claim("c", NODE, [device]))
+
+
 def test_memory_that_is_not_a_multiple_of_the_step_books_all_of_it_by_default():
     odd = 16 * GiB - 3 * MiB
     assert whole_memory(odd) == 16 * GiB - 256 * MiB

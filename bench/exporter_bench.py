@@ -44,11 +44,11 @@ import grpc
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from device_plugin import metrics_text  # noqa: E402
-from device_plugin.metrics import start_exporter  # noqa: E402
 from kube_contract.api import podresources_v1_pb2 as pr  # noqa: E402
 from kube_contract.api import podresources_v1_pb2_grpc as pr_grpc  # noqa: E402
+from node_state import metrics_text  # noqa: E402
 from node_state.layout import ContainerRecord, NodeLayout, ledger_in  # noqa: E402
+from node_state.metrics import start_exporter  # noqa: E402
 from py_vcuda.ledger import Ledger  # noqa: E402
 from py_vcuda.nvml import NVML  # noqa: E402
 from py_vcuda.sim import GiB, SimConfig  # noqa: E402

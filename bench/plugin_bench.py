@@ -40,11 +40,11 @@ sys.path.insert(0, str(REPO))
 
 from device_plugin.agent import Agent  # noqa: E402
 from device_plugin.config import resolve  # noqa: E402
-from device_plugin.inventory import Inventory  # noqa: E402
 from device_plugin.pods import StaticPods  # noqa: E402
 from device_plugin.testing import TestKubelet  # noqa: E402
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb  # noqa: E402
 from kube_contract.testing import FakeApiServer  # noqa: E402
+from node_state.gpus import Inventory  # noqa: E402
 from py_vcuda import native  # noqa: E402
 from py_vcuda.nvml import GPUInfo  # noqa: E402
 from py_vcuda.sim import GiB, SimConfig  # noqa: E402

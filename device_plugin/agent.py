@@ -8,6 +8,7 @@ the same wiring against the simulator and fakes.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -15,45 +16,29 @@ from typing import Any
 
 from device_plugin import mps, pgpu, vgpu
 from device_plugin.config import PluginConfig
-from device_plugin.inventory import Health, Inventory
 from device_plugin.kubelet import Endpoint, Registrar, ResourcePlugin
 from device_plugin.labels import cuda_labels, write_feature_file
-from device_plugin.metrics import start_exporter
 from device_plugin.node_topology import NodePatch, NodePublisher, encode
 from device_plugin.pods import PodSource
 from device_plugin.reconcile import Reconciler
 from kube_contract.names import Names
 from kube_contract.podresources import PodResourcesClient
 from node_state.containers import ContainerStore
+from node_state.daemon import StartError
+from node_state.gpus import Health, Inventory
+from node_state.health import HealthFactory
 from node_state.layout import NodeLayout
-from node_state.schedulers import TenantQuota, TokenScheduler
+from node_state.metrics import start_exporter
+from node_state.schedulers import TokenScheduler
 from node_state.supervisor import Child, Supervisor
 from py_vcuda import native
-from py_vcuda.memory_reconciler import Account, MemoryReconciler
+from py_vcuda.memory_reconciler import MemoryReconciler
 from py_vcuda.nvml import NVML
 from py_vcuda.procfs import ProcFS
 
 log = logging.getLogger(__name__)
 
-HealthFactory = Callable[[Inventory, Callable[[str, bool, str], None]], Any]   # -> object with start()/stop()
 WatchFactory = Callable[[Callable[[], None]], Any]   # on_event -> object with start()/stop() (pods.PodWatch)
-
-
-class StartError(RuntimeError):
-    """The agent cannot run with this configuration on this node; the message says why."""
-
-
-def nvml_health(nvml: NVML, ignored_xids: str | None) -> HealthFactory:
-    """The XID health monitor (device_plugin.health) bound to this NVML session."""
-    from device_plugin import health
-
-    # None (unset) keeps NVIDIA's list; "" is a list too: ignore no XID.
-    ignored = health.parse_xid_list(ignored_xids) if ignored_xids is not None else health.DEFAULT_IGNORED_XIDS
-
-    def make(inventory: Inventory, on_change: Callable[[str, bool, str], None]) -> Any:
-        return health.HealthMonitor(nvml, inventory.gpus, on_change, ignored_xids=ignored)
-
-    return make
 
 
 class Agent:
@@ -83,7 +68,7 @@ class Agent:
         self.pod_watch = pod_watch(self.reconciler.wake) if pod_watch else None
         # vGPU containers share GPUs: their ledgers must also hold what NVML sees and no hook charged.
         self.memory_reconciler = MemoryReconciler(
-            self._memory_accounts, nvml, procfs=ProcFS(config.host_proc), interval_s=config.memory_reconcile_s,
+            self.store.memory_accounts, nvml, procfs=ProcFS(config.host_proc), interval_s=config.memory_reconcile_s,
         ) if nvml is not None and config.mode == "vgpu" else None
         # The extender places vgpu requests only: the other modes have nothing to tell it.
         metadata: dict[str, dict[str, str]] = {}
@@ -105,7 +90,8 @@ class Agent:
                 raise StartError(f"--host-lib-dir: {host_lib} does not exist; the DaemonSet's init step puts "
                                  "libvcuda.so there for containers to mount")
             for gpu in self.inventory.gpus:
-                self.schedulers[gpu.uuid] = TokenScheduler(gpu.uuid, self.layout, self._tenants_of(gpu.uuid))
+                self.schedulers[gpu.uuid] = TokenScheduler(gpu.uuid, self.layout,
+                                                           functools.partial(self.store.tenants, gpu.uuid))
             children.extend(self.schedulers.values())
             ctx = vgpu.VGPUContext(self.inventory, self.health, self.names, cfg.node_name, self.pods,
                                    self.store, self.schedulers, host_lib)
@@ -115,16 +101,6 @@ class Agent:
         daemons = {g.uuid: mps.MPSDaemon(g.uuid, self.layout, cfg.mps_control) for g in self.inventory.gpus}
         children.extend(daemons.values())
         return [mps.MPSPlugin(self.inventory, self.health, self.store, daemons)]
-
-    def _tenants_of(self, uuid: str) -> Callable[[], list[TenantQuota]]:
-        def tenants() -> list[TenantQuota]:
-            return [(r.tenant, r.core_request, r.core_limit, r.priority) for r in self.store.records()
-                    if r.tenant and r.gpus and r.gpus[0] == uuid]
-        return tenants
-
-    def _memory_accounts(self) -> list[Account]:
-        return [Account(key=r.key, ledger=self.layout.ledger_path(r.key), gpus=r.gpus, pod_uid=r.pod_uid)
-                for r in self.store.records() if r.mode == "vgpu"]
 
     def start(self) -> None:
         self.config.device_plugin_dir.mkdir(parents=True, exist_ok=True)

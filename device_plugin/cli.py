@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 from dataclasses import dataclass
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from device_plugin import config as configlib
+from node_state.daemon import StartError
 
 if TYPE_CHECKING:  # the agent's modules load grpc and NVML: only `run` needs them, not `vcuda --help`
-    from device_plugin.agent import WatchFactory
+    from device_plugin.agent import Agent, WatchFactory
     from device_plugin.node_topology import NodePatch
     from device_plugin.pods import PodSource
+    from node_state.health import HealthFactory
+    from py_vcuda.nvml import NVML
 
 log = logging.getLogger("device_plugin")
 
@@ -37,7 +37,7 @@ class Cluster:
     patch_node: NodePatch | None = None
 
 
-class NoAPIServer(RuntimeError):
+class NoAPIServer(StartError):
     """vgpu mode with no API server and no --without-api-server: memory quotas would be lost."""
 
 
@@ -68,50 +68,23 @@ def cluster(kubeconfig: str | None, node: str, *, require: bool = False) -> Clus
 
 
 def run(args: argparse.Namespace) -> int:
-    from device_plugin.agent import Agent, StartError, nvml_health
-    from device_plugin.inventory import Inventory
-    from py_vcuda.nvml import NVML, NVMLUnavailable
-
     try:
         cfg = configlib.from_args(args)
     except configlib.ConfigError as exc:
         print(f"vcuda device-plugin: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
-                        format="device_plugin: %(levelname)s %(name)s: %(message)s")
-    try:
-        nvml = NVML()
-    except NVMLUnavailable as exc:
-        print(f"vcuda device-plugin: {exc}", file=sys.stderr)
-        return 1
-    stopping = threading.Event()
 
-    def stop(signum: int, _frame: FrameType | None) -> None:
-        stopping.set()
+    def build(nvml: NVML, health: HealthFactory | None) -> Agent:
+        from device_plugin.agent import Agent
+        from node_state.gpus import Inventory
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    try:
-        health = None
-        try:
-            health = nvml_health(nvml, cfg.ignored_xids)
-        except ImportError as exc:
-            log.warning("GPU health monitoring unavailable: %s", exc)
         api = cluster(cfg.kubeconfig, cfg.node_name, require=cfg.mode == "vgpu" and not cfg.without_api_server)
-        agent = Agent(cfg, inventory=Inventory.from_nvml(nvml), pods=api.pods, nvml=nvml, health_factory=health,
-                      pod_watch=api.watch, patch_node=api.patch_node)
-    except (StartError, ValueError, NoAPIServer) as exc:
-        print(f"vcuda device-plugin: {exc}", file=sys.stderr)
-        nvml.close()
-        return 2
-    agent.start()
-    try:
-        stopping.wait()
-    finally:
-        agent.stop()
-        nvml.close()
-    log.info("stopped")
-    return 0
+        return Agent(cfg, inventory=Inventory.from_nvml(nvml), pods=api.pods, nvml=nvml, health_factory=health,
+                     pod_watch=api.watch, patch_node=api.patch_node)
+
+    from node_state.daemon import serve
+
+    return serve("vcuda device-plugin", "device_plugin", cfg.log_level, cfg.ignored_xids, build)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""The GPUs this agent serves, their topology and health, and the device IDs built on them.
+"""The device plugin's view of the node's GPUs (node_state.gpus): the device IDs built on them,
+their kubelet health and topology, and the choice of GPU sets.
 
 Every mode names its logical devices ``<uuid>::<i>``, so the GPU of any device
 ID is the text before ``::`` (pgpu uses the bare UUID). Health is per GPU: a
@@ -8,47 +9,16 @@ failed GPU makes every logical device on it unhealthy at once.
 from __future__ import annotations
 
 import itertools
-import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from device_plugin.kubelet import HEALTHY, UNHEALTHY, AllocationError
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from node_state.containers import ContainerStore
-from py_vcuda.nvml import NVML, GPUInfo
+from node_state.gpus import Health, Inventory
+from py_vcuda.nvml import GPUInfo
 
 SEPARATOR = "::"
 MAX_EXHAUSTIVE = 5000   # candidate GPU sets scored exactly; beyond, grow greedily
-
-
-@dataclass(frozen=True)
-class Inventory:
-    gpus: tuple[GPUInfo, ...]
-    nvlink: dict[int, frozenset[int]] = field(default_factory=dict)   # index -> NVLink peers
-    # (a, b) with a < b -> number of NVLink links; pairs in `nvlink` missing here count one link
-    links: dict[tuple[int, int], int] = field(default_factory=dict)
-
-    @classmethod
-    def from_nvml(cls, nvml: NVML) -> Inventory:
-        gpus = tuple(nvml.gpus())
-        links: dict[tuple[int, int], int] = {}
-        for g in gpus:
-            for peer, n in nvml.nvlink_links(g.index).items():
-                links[(min(g.index, peer), max(g.index, peer))] = n
-        nvlink = {g.index: frozenset(b if a == g.index else a for a, b in links if g.index in (a, b)) for g in gpus}
-        return cls(gpus, nvlink, links)
-
-    def link_count(self, a: int, b: int) -> int:
-        """NVLink links between two GPUs (0: not connected)."""
-        if b not in self.nvlink.get(a, ()):
-            return 0
-        return self.links.get((min(a, b), max(a, b)), 1)
-
-    def by_uuid(self, uuid: str) -> GPUInfo | None:
-        return next((g for g in self.gpus if g.uuid == uuid), None)
-
-    def topology(self, gpu: GPUInfo) -> pb.TopologyInfo | None:
-        return None if gpu.numa_node is None else pb.TopologyInfo(nodes=[pb.NUMANode(ID=gpu.numa_node)])
 
 
 def device_id(uuid: str, i: int) -> str:
@@ -104,40 +74,18 @@ def best_set(available: Sequence[GPUInfo], forced: Sequence[GPUInfo], size: int,
     return chosen
 
 
-class Health:
-    """Which GPUs are unhealthy, and who to tell when that changes."""
+def topology(gpu: GPUInfo) -> pb.TopologyInfo | None:
+    """The GPU's NUMA node, as kubelet's topology manager reads it."""
+    return None if gpu.numa_node is None else pb.TopologyInfo(nodes=[pb.NUMANode(ID=gpu.numa_node)])
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._unhealthy: dict[str, str] = {}
-        self._listeners: list[Callable[[], None]] = []
 
-    def subscribe(self, listener: Callable[[], None]) -> None:
-        self._listeners.append(listener)
-
-    def set(self, uuid: str, healthy: bool, reason: str = "") -> None:
-        """HealthMonitor's on_change; called from its thread."""
-        with self._lock:
-            before = uuid not in self._unhealthy
-            if healthy:
-                self._unhealthy.pop(uuid, None)
-            else:
-                self._unhealthy[uuid] = reason
-        if before != healthy:
-            for listener in self._listeners:
-                listener()
-
-    def healthy(self, uuid: str) -> bool:
-        with self._lock:
-            return uuid not in self._unhealthy
-
-    def state(self, uuid: str) -> str:
-        return HEALTHY if self.healthy(uuid) else UNHEALTHY
+def health_state(health: Health, uuid: str) -> str:
+    return HEALTHY if health.healthy(uuid) else UNHEALTHY
 
 
 def logical_devices(inventory: Inventory, health: Health, units: Callable[[GPUInfo], int]) -> list[pb.Device]:
     """``units(gpu)`` devices per GPU, each with its GPU's health and NUMA node."""
-    return [pb.Device(ID=device_id(g.uuid, i), health=health.state(g.uuid), topology=inventory.topology(g))
+    return [pb.Device(ID=device_id(g.uuid, i), health=health_state(health, g.uuid), topology=topology(g))
             for g in inventory.gpus for i in range(units(g))]
 
 

@@ -12,11 +12,9 @@ so the server must already be up.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Sequence
-from concurrent import futures
 from pathlib import Path
 from typing import Protocol
 
@@ -24,6 +22,7 @@ import grpc
 
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from kube_contract.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from kube_contract.kubelet_socket import UnixGrpcServer, socket_identity
 
 log = logging.getLogger(__name__)
 
@@ -155,14 +154,6 @@ class Servicer(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
 class Endpoint:
     """One resource's gRPC server on <dir>/<socket_name>."""
 
@@ -170,31 +161,21 @@ class Endpoint:
         self.plugin = plugin
         self.path = directory / plugin.socket_name
         self.board = board or DeviceBoard()
-        self._server: grpc.Server | None = None
-        self._served: tuple[int, int] | None = None
+        self._server = UnixGrpcServer(self.path, lambda server: pb_grpc.add_DevicePluginServicer_to_server(
+            Servicer(self.plugin, self.board), server), plugin.resource, thread_prefix="dp-grpc")
 
     def serve(self) -> None:
         self.stop()
-        self.path.unlink(missing_ok=True)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="dp-grpc"))
-        pb_grpc.add_DevicePluginServicer_to_server(Servicer(self.plugin, self.board), server)
-        server.add_insecure_port(f"unix://{self.path}")
-        server.start()
-        self._server = server
-        self._served = _identity(self.path)
-        log.info("serving %s on %s", self.plugin.resource, self.path)
+        self._server.serve()
 
     def socket_intact(self) -> bool:
-        return self._server is not None and _identity(self.path) == self._served
+        return self._server.intact()
 
     def stop(self) -> None:
-        if self._server is not None:
-            self.board.close()
-            self._server.stop(grace=0.5).wait()
-            self._server = None
+        if self._server.serving:
+            self.board.close()   # ends the ListAndWatch streams, which would hold the server's stop
+            self._server.stop()
             self.board = DeviceBoard()
-            if _identity(self.path) == self._served:
-                self.path.unlink(missing_ok=True)
 
     def register(self, kubelet_socket: Path, timeout: float = 5.0) -> None:
         with grpc.insecure_channel(f"unix://{kubelet_socket}") as channel:
@@ -243,7 +224,7 @@ class Registrar:
         kubelet = None
         next_try = 0.0
         while not self._stop.is_set():
-            current = _identity(self.kubelet_socket)
+            current = socket_identity(self.kubelet_socket)
             if current != kubelet:
                 if current is not None and kubelet is not None:
                     log.info("kubelet.sock was re-created: kubelet restarted, registering again")

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import grpc
 
-from device_plugin.inventory import Health, Inventory, NodeResource, logical_devices, parse_ids
+from device_plugin.inventory import NodeResource, logical_devices, parse_ids
 from device_plugin.kubelet import AllocationError, mount
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from node_state.containers import ContainerStore, new_key
+from node_state.gpus import Health, Inventory
 from node_state.layout import ContainerRecord, NodeLayout, gpu_key
 from py_vcuda.nvml import GPUInfo
 

@@ -20,8 +20,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from device_plugin.inventory import Inventory
 from kube_contract import topology
+from node_state.gpus import Inventory
 
 log = logging.getLogger(__name__)
 

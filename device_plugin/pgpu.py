@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from device_plugin.inventory import NodeResource, best_set
+from device_plugin.inventory import NodeResource, best_set, health_state, topology
 from device_plugin.kubelet import AllocationError
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from node_state.containers import new_key
@@ -26,7 +26,7 @@ class GPUPlugin(NodeResource):
     socket_name = "nvidia-gpu.sock"
 
     def devices(self) -> list[pb.Device]:
-        return [pb.Device(ID=g.uuid, health=self.health.state(g.uuid), topology=self.inventory.topology(g))
+        return [pb.Device(ID=g.uuid, health=health_state(self.health, g.uuid), topology=topology(g))
                 for g in self.inventory.gpus]
 
     def _gpus(self, ids: Sequence[str]) -> list[GPUInfo]:

@@ -16,6 +16,11 @@ every `interval_s` (a pass costs one pod list and one pod-resources List):
   pod-resources reports for its device IDs (see device_plugin.pods).
 
 A gone container's tenant is removed from its scheduler and its directory deleted.
+
+Only the device plugin's own containers (its modes' resources) are looked at: a
+DRA driver's claims in the same state directory get their quota from the claim,
+not from vgpu annotations, and go at unprepare, not when pod-resources (which
+does not list them as devices) leaves them out.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from device_plugin import mps, pgpu
 from device_plugin import pods as podlib
 from device_plugin.quota import QuotaError, quota
 from kube_contract import assignment
@@ -50,6 +56,7 @@ class Reconciler:
         self.in_use = in_use
         self.grace_s = grace_s
         self.interval_s = interval_s
+        self.resources = {names.core_resource, pgpu.RESOURCE, mps.RESOURCE}   # what its Allocate records
         self._missing_since: dict[str, float] = {}
         self._warned: dict[str, str] = {}
         self._stop = threading.Event()
@@ -96,6 +103,8 @@ class Reconciler:
         now = time.time()
         with self.store.lock:
             for record in list(self.store.records()):
+                if record.resource not in self.resources:
+                    continue   # another part's container (a DRA claim's): not ours to requota or remove
                 if ids is not None and (record.extra.get("identity") == "provisional" or not record.pod):
                     record = self.confirm_identity(record, ids, by_uid or {})
                 if record.pod_uid and by_uid is not None and record.extra.get("identity") != "provisional":

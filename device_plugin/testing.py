@@ -9,7 +9,8 @@ with the messages kubelet sends. `restart()` does what a kubelet restart
 does: plugin sockets are wiped and kubelet.sock is re-created.
 
 Used by tests/device_plugin and bench/plugin_bench.py, with the fake Kubernetes
-API server kube_contract.testing.FakeApiServer.
+API server kube_contract.testing.FakeApiServer and the simulated GPUs of
+node_state.testing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,17 +29,7 @@ from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from kube_contract.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from kube_contract.api import podresources_v1_pb2 as prpb
 from kube_contract.api import podresources_v1_pb2_grpc as prpb_grpc
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
+from node_state.testing import wait_for
 
 
 @dataclass

@@ -24,28 +24,19 @@ from pathlib import Path
 import grpc
 
 from device_plugin import pods as podlib
-from device_plugin.inventory import Health, Inventory, best_set, logical_devices, parse_ids
+from device_plugin.inventory import best_set, logical_devices, parse_ids
 from device_plugin.kubelet import AllocationError, mount
 from device_plugin.quota import QuotaError, quota
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
-from node_state.containers import (
-    CONTAINER_DIR,
-    CONTAINER_LEDGER,
-    CONTAINER_LIB,
-    CONTAINER_SCHED_DIR,
-    CONTAINER_SCHEDULER,
-    PRELOAD_FILE,
-    ContainerStore,
-    new_key,
-)
+from node_state import tenancy
+from node_state.containers import ContainerStore, new_key
+from node_state.gpus import Health, Inventory
 from node_state.layout import ContainerRecord
 from node_state.schedulers import SchedulerError, TokenScheduler, remove_tenant
 from py_vcuda.nvml import GPUInfo
 
 log = logging.getLogger(__name__)
-
-PRELOAD_TARGET = Path("/etc/ld.so.preload")
 
 
 @dataclass
@@ -209,12 +200,11 @@ class CorePlugin:
                 namespace=match.namespace if match else "", pod=match.pod if match else "",
                 pod_uid=match.uid if match else "", container=match.container if match else "",
                 created=time.time(), extra=extra)
-            directory = ctx.store.create(record, ledger=True, preload=not disabled)
             try:
-                tenant_dir = self._register(record)
-            except Exception:
-                ctx.store.remove(key)
-                raise
+                tenant_dir = tenancy.set_up(ctx.store, ctx.schedulers, record, preload=not disabled)
+            except SchedulerError as exc:
+                raise AllocationError(f"the container's token-scheduler tenant could not be set up: {exc}",
+                                      grpc.StatusCode.UNAVAILABLE) from None
             if handed is not None:
                 # The app container now owns the tenant (and its quota); the init container, which
                 # runs before it, keeps using the same socket. Only one record may re-register it.
@@ -223,7 +213,7 @@ class CorePlugin:
         log.info("allocated %s to %s/%s:%s (%s, cores %d/%d %s, memory %s)", key, record.namespace,
                  record.pod, record.container, ",".join(record.gpus), q.core_request, q.core_limit,
                  q.priority, q.memory_limit)
-        return self._response(record, directory, tenant_dir, disabled)
+        return self._response(record, tenant_dir, disabled)
 
     def _init_tenant(self, match: podlib.PodMatch | None, uuid: str,
                      existing: list[ContainerRecord]) -> ContainerRecord | None:
@@ -276,36 +266,11 @@ class CorePlugin:
             return False
         return match.provisional or any(r.extra.get("identity") == "provisional" for r in existing)
 
-    def _register(self, record: ContainerRecord) -> Path | None:
-        if record.tenant is None:
-            return None
-        scheduler = self.ctx.schedulers.get(record.gpus[0])
-        if scheduler is None:
-            raise AllocationError(f"no token scheduler for GPU {record.gpus[0]}", grpc.StatusCode.INTERNAL)
-        try:
-            return scheduler.add(record.tenant, record.core_request, record.core_limit, record.priority)
-        except SchedulerError as exc:
-            raise AllocationError(f"the token scheduler refused the quota: {exc}",
-                                  grpc.StatusCode.UNAVAILABLE) from None
-
-    def _response(self, record: ContainerRecord, directory: Path, tenant_dir: Path | None,
+    def _response(self, record: ContainerRecord, tenant_dir: Path | None,
                   disabled: bool) -> pb.ContainerAllocateResponse:
-        envs = {
-            "NVIDIA_VISIBLE_DEVICES": ",".join(record.gpus),
-            "VCUDA_CORE_REQUEST": str(record.core_request),
-            "VCUDA_CORE_LIMIT": str(record.core_limit),
-            "VCUDA_LEDGER": str(CONTAINER_LEDGER),
-        }
-        if record.memory_limit is not None:
-            envs["VCUDA_MEMORY_LIMIT"] = str(record.memory_limit)
-        mounts = [mount(self.ctx.store.layout.shared_dir(record.key), CONTAINER_DIR, read_only=False),
-                  mount(self.ctx.host_lib, CONTAINER_LIB, read_only=True)]
-        if tenant_dir is not None:
-            envs["VCUDA_SCHEDULER"] = CONTAINER_SCHEDULER
-            mounts.append(mount(tenant_dir, CONTAINER_SCHED_DIR, read_only=False))
-        if not disabled:
-            mounts.append(mount(directory / PRELOAD_FILE, PRELOAD_TARGET, read_only=True))
-        return pb.ContainerAllocateResponse(envs=envs, mounts=mounts)
+        inj = tenancy.injection(self.ctx.store.layout, record, tenant_dir, self.ctx.host_lib, preload=not disabled)
+        return pb.ContainerAllocateResponse(envs=inj.env, mounts=[mount(m.host, m.container, m.read_only)
+                                                                  for m in inj.mounts])
 
 
 class MemoryPlugin:

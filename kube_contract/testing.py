@@ -4,7 +4,8 @@ Scenario builders: nodes, topologies and pods as JSON, in the shapes the API ser
 kube-scheduler send (camelCase pod/node JSON).
 
 `FakeApiServer`: just enough of the Kubernetes API server, on 127.0.0.1, for the extender
-(scheduler_extender.kube) and the device plugin agent (device_plugin.pods, node_topology):
+(scheduler_extender.kube), the device plugin agent (device_plugin.pods, node_topology) and
+the DRA driver (dra_driver.kube):
 
 - GET /api/v1/nodes and /api/v1/pods: a list, or with ``watch=true`` a chunked stream of
   newline-delimited events after ``resourceVersion`` that ends after ``timeoutSeconds``,
@@ -14,6 +15,10 @@ kube-scheduler send (camelCase pod/node JSON).
   ``application/merge-patch+json`` and merges metadata annotations and labels (null
   deletes), after a ``metadata.uid`` precondition when the patch carries one.
 - POST /api/v1/namespaces/NS/pods/NAME/binding sets ``spec.nodeName`` once.
+- resource.k8s.io/v1: GET /apis/resource.k8s.io/v1/namespaces/NS/resourceclaims/NAME;
+  /apis/resource.k8s.io/v1/resourceslices: GET (list, ``fieldSelector``), POST (create: 409
+  when the name is taken), and per NAME GET, PUT (replace: 409 unless ``metadata.resourceVersion``
+  is the stored one) and DELETE. Created objects get a ``uid``.
 
 Every write becomes a watch event. Injection knobs: ``fail_requests`` answers that many
 next requests (any route) with 503; ``fail_bind`` (a message) fails every binding with 500;
@@ -135,8 +140,8 @@ class FakeApiServer:
     def __init__(self, max_watch_s: float = 1.0) -> None:
         self.lock = threading.Condition()
         self.rv = 100
-        self.objects: dict[str, dict[str, dict[str, Any]]] = {"nodes": {}, "pods": {}}
-        self.events: dict[str, list[tuple[int, str, dict[str, Any]]]] = {"nodes": [], "pods": []}
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {k: {} for k in KINDS}
+        self.events: dict[str, list[tuple[int, str, dict[str, Any]]]] = {k: [] for k in KINDS}
         self.requests: list[Request] = []
         self.fail_requests = 0
         self.fail_bind: str | None = None
@@ -172,7 +177,7 @@ class FakeApiServer:
             obj = copy.deepcopy(obj)
             meta = obj["metadata"]
             meta["resourceVersion"] = str(self.rv)
-            key = meta["name"] if kind == "nodes" else f"{meta['namespace']}/{meta['name']}"
+            key = _key(kind, meta)
             event = "MODIFIED" if key in self.objects[kind] else "ADDED"
             self.objects[kind][key] = obj
             self.events[kind].append((self.rv, event, copy.deepcopy(obj)))
@@ -197,9 +202,24 @@ class FakeApiServer:
             self.lock.notify_all()
 
 
+KINDS = {"nodes": "Node", "pods": "Pod", "resourceclaims": "ResourceClaim", "resourceslices": "ResourceSlice"}
+CLUSTER_SCOPED = ("nodes", "resourceslices")
+RESOURCE_API = "resource.k8s.io/v1"
+
+
+def _key(kind: str, meta: dict[str, Any]) -> str:
+    return meta["name"] if kind in CLUSTER_SCOPED else f"{meta['namespace']}/{meta['name']}"
+
+
 def _route(path: str) -> tuple[str, str | None, str | None] | None:
     """(kind, key or None for the collection, subresource or None) of an API path; None: no route."""
     match path.strip("/").split("/"):
+        case ["apis", "resource.k8s.io", "v1", "resourceslices"]:
+            return "resourceslices", None, None
+        case ["apis", "resource.k8s.io", "v1", "resourceslices", name]:
+            return "resourceslices", name, None
+        case ["apis", "resource.k8s.io", "v1", "namespaces", namespace, "resourceclaims", name]:
+            return "resourceclaims", f"{namespace}/{name}", None
         case ["api", "v1", ("nodes" | "pods") as kind]:
             return kind, None, None
         case ["api", "v1", "nodes", name]:
@@ -259,6 +279,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     api: FakeApiServer
     protocol_version = "HTTP/1.1"  # watches stream chunked, like the real API server
+    # Headers and body go out in two writes: with Nagle's algorithm the body waits for the client's
+    # delayed ACK (40 ms a response). The real API server (Go) sets TCP_NODELAY too.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         pass
@@ -291,6 +314,12 @@ class _Handler(BaseHTTPRequestHandler):
                 response = self._patch(kind, key, content_type, body or {})
             case _, "POST", ("pods", str(key), "binding"):
                 response = self._bind(key, body or {})
+            case _, "POST", ("resourceslices" as kind, None, None):
+                response = self._create(kind, body or {})
+            case _, "PUT", ("resourceslices" as kind, str(key), None):
+                response = self._replace(kind, key, body or {})
+            case _, "DELETE", ("resourceslices" as kind, str(key), None):
+                response = self._delete(kind, key)
             case _:
                 response = _failure(404, "NotFound", "no route")
         data = json.dumps(response[1]).encode()
@@ -300,13 +329,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    do_GET = do_PATCH = do_POST = _handle
+    do_GET = do_PATCH = do_POST = do_PUT = do_DELETE = _handle
 
     def _list(self, kind: str, selector: str) -> Response:
         with self.api.lock:
             items = [copy.deepcopy(o) for o in self.api.objects[kind].values() if _selected(o, selector)]
             rv = self.api.rv
-        return 200, {"kind": "NodeList" if kind == "nodes" else "PodList", "apiVersion": "v1",
+        return 200, {"kind": f"{KINDS[kind]}List", "apiVersion": RESOURCE_API if kind.startswith("resource") else "v1",
                      "metadata": {"resourceVersion": str(rv)}, "items": items}
 
     def _patch(self, kind: str, key: str, content_type: str | None, body: dict[str, Any]) -> Response:
@@ -321,6 +350,32 @@ class _Handler(BaseHTTPRequestHandler):
                 return _failure(409, "Conflict", "Precondition failed: UID mismatch")
             _merge(obj["metadata"], meta)
             return 200, self.api.put(kind, obj)
+
+    def _create(self, kind: str, body: dict[str, Any]) -> Response:
+        with self.api.lock:
+            key = _key(kind, body.get("metadata") or {})
+            if self.api.get(kind, key) is not None:
+                return _failure(409, "AlreadyExists", f'{kind} "{key}" already exists')
+            body["metadata"]["uid"] = f"{kind}-uid-{next(_uids)}"
+            return 201, self.api.put(kind, body)
+
+    def _replace(self, kind: str, key: str, body: dict[str, Any]) -> Response:
+        with self.api.lock:
+            stored = self.api.get(kind, key)
+            if stored is None:
+                return _not_found(kind, key)
+            if (body.get("metadata") or {}).get("resourceVersion") != stored["metadata"]["resourceVersion"]:
+                return _failure(409, "Conflict", f'Operation cannot be fulfilled on {kind} "{key}": the object '
+                                "has been modified; please apply your changes to the latest version and try again")
+            body["metadata"]["uid"] = stored["metadata"].get("uid")
+            return 200, self.api.put(kind, body)
+
+    def _delete(self, kind: str, key: str) -> Response:
+        with self.api.lock:
+            if self.api.get(kind, key) is None:
+                return _not_found(kind, key)
+            self.api.delete(kind, key)
+        return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}
 
     def _bind(self, key: str, body: dict[str, Any]) -> Response:
         with self.api.lock:

@@ -1,7 +1,7 @@
 """Each allocated container's host directory (node_state.layout) and what
 goes in the container from it: the ledger and ``ld.so.preload`` (the record
-stays outside). The device plugin mounts these paths (and the DRA driver will);
-the container sees the same files whichever set it up.
+stays outside). The device plugin and the DRA driver mount these paths
+(node_state.tenancy); the container sees the same files whichever set it up.
 
 Inside the container (**contract** with libvcuda's env):
 
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from node_state.layout import LEDGER_FILE, RECORD_FILE, ContainerRecord, LayoutError, NodeLayout
 from py_vcuda.ledger import Ledger
+from py_vcuda.memory_reconciler import Account
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,18 @@ class ContainerStore:
     def allocated(self, records: Iterable[ContainerRecord] | None = None) -> set[tuple[str, str]]:
         """(pod uid, container) of every identified container (of `records`, else of all)."""
         return {(r.pod_uid, r.container) for r in (self.records() if records is None else records) if r.pod_uid}
+
+    def tenants(self, uuid: str) -> list[tuple[str, int, int, str]]:
+        """(tenant, request %, limit %, priority) of every record with a tenant on this GPU: what its
+        scheduler must hold."""
+        return [(r.tenant, r.core_request, r.core_limit, r.priority) for r in self.records()
+                if r.tenant and r.gpus and r.gpus[0] == uuid]
+
+    def memory_accounts(self) -> list[Account]:
+        """Every shared-GPU (vgpu-mode) container's ledger, for the memory reconciler: containers
+        that share GPUs must also be charged what NVML sees them hold and no hook did."""
+        return [Account(key=r.key, ledger=self.layout.ledger_path(r.key), gpus=r.gpus, pod_uid=r.pod_uid)
+                for r in self.records() if r.mode == "vgpu"]
 
     def newest(self, device_ids: Sequence[str]) -> ContainerRecord | None:
         """The latest record for exactly these device IDs (an older one is a gone container not yet cleaned up)."""

@@ -1,9 +1,10 @@
 """The node agent's state directory: where each GPU's token scheduler and each
 container's files live, and the record that describes a container.
 
-The device plugin writes it (Allocate), as `vcuda run` does under its runtime
-directory (and the DRA driver will); the metrics exporter and `vcuda top` read
-it. One module, so writers and readers cannot drift apart.
+The device plugin writes it (Allocate), the DRA driver too (prepare; its claim
+checkpoint goes in dra/), as `vcuda run` does under its runtime directory; the
+metrics exporter and `vcuda top` read it. One module, so writers and readers
+cannot drift apart.
 
     <state-dir>/                        --state-dir, default /var/lib/vcuda
       sched/<gpu-key>/                  one token scheduler per GPU (its --dir)

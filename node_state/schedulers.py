@@ -132,6 +132,10 @@ class TokenScheduler:
             if "exists" not in str(exc):
                 raise
             self.call("update", tenant=tenant, request=request, limit=limit, priority=priority)
+        return self.tenant_dir(tenant)
+
+    def tenant_dir(self, tenant: str) -> Path:
+        """The directory holding a tenant's socket (mounted into its container)."""
         return self.directory / "tenants" / tenant
 
     def update(self, tenant: str, request: int, limit: int, priority: str = "normal") -> None:

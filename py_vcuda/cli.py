@@ -122,6 +122,12 @@ def cmd_device_plugin(args: argparse.Namespace) -> int:
     return cli.run(args)
 
 
+def cmd_dra_driver(args: argparse.Namespace) -> int:
+    from dra_driver import cli
+
+    return cli.run(args)
+
+
 def cmd_top(args: argparse.Namespace) -> int:
     from py_vcuda import top
 
@@ -174,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     from device_plugin import cli as plugin_cli
+    from dra_driver import cli as dra_cli
     from scheduler_extender import cli as extender_cli
     from token_scheduler import cli as scheduler_cli
 
@@ -190,6 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "per GPU and the Prometheus exporter.")
     plugin_cli.add_arguments(p)
     p.set_defaults(func=cmd_device_plugin)
+
+    p = sub.add_parser("dra-driver", help="the Kubernetes DRA driver gpu.vcuda.io: kubelet plugin, ResourceSlices, "
+                       "token schedulers, metrics",
+                       description="Kubernetes Dynamic Resource Allocation driver gpu.vcuda.io (Kubernetes 1.34+): "
+                                   "publishes this node's GPUs with consumable capacity (cores, memory) and "
+                                   "prepares claims with the same enforcement as vgpu mode, injected through CDI.")
+    dra_cli.add_arguments(p)
+    p.set_defaults(func=cmd_dra_driver)
 
     p = sub.add_parser("top", help="live view of every GPU and its tenants",
                        description="Every GPU on this machine with its tenants: quota, share, memory, wait.")

@@ -1,11 +1,13 @@
-"""Helpers shared by the shim's tests: constants of the simulated GPU and the
-parsed output of cuprobe (tests/c/cuprobe.c)."""
+"""Helpers shared by the shim's tests: constants of the simulated GPU, the
+parsed output of cuprobe (tests/c/cuprobe.c), and the environment a container
+set up by the node agent or the DRA driver gives a process run on the host."""
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -44,6 +46,20 @@ def parse(stdout: str) -> list[dict[str, str]]:
 
 
 Runner = Callable[..., Result]
+
+
+def container_env_on_host(env: Mapping[str, str], mounts: Mapping[str, str]) -> dict[str, str]:
+    """A container's env as a process on the host sees it: container paths mapped to the host paths
+    the mounts ({container path: host path}) name, and libvcuda preloaded the way /etc/ld.so.preload
+    would (LD_PRELOAD: ld.so.preload needs root)."""
+    longest_first = sorted(mounts, key=len, reverse=True)
+    out = {}
+    for key, value in env.items():
+        inside = next((c for c in longest_first if c in value), None)
+        out[key] = value.replace(inside, mounts[inside]) if inside else value
+    preloaded = Path(mounts["/etc/ld.so.preload"]).read_text().strip()
+    out["LD_PRELOAD"] = mounts[preloaded]
+    return out
 
 
 class StepProbe:

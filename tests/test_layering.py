@@ -7,7 +7,7 @@ module of another part that starts with ``_`` (private):
     core            py_vcuda: native, quantity, ledger reader, nvml, sim, procfs, memory_reconciler, ...
     contract        kube_contract; token_scheduler (a self-contained daemon and its admin client)
     node state      node_state
-    parts           device_plugin, scheduler_extender, the py_vcuda commands (vcuda run, top, demo, doctor)
+    parts           device_plugin, dra_driver, scheduler_extender, the py_vcuda commands (vcuda run, top, demo, doctor)
     dispatcher      py_vcuda/cli.py, the only file that knows them all
 
 A new top-level package, or a new py_vcuda module, must be given a place here.
@@ -23,7 +23,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 PY_VCUDA_CORE = {"__init__", "_native", "native", "quantity", "ledger", "nvml", "sim", "gpu", "probe", "procfs",
-                 "memory_reconciler", "environ"}
+                 "memory_reconciler", "environ", "files"}
 PY_VCUDA_COMMANDS = {"launch", "top", "demo", "doctor", "container_check"}
 PY_VCUDA_DISPATCHER = {"cli", "__main__"}
 
@@ -31,7 +31,7 @@ LAYERS: list[set[str]] = [
     {"core"},
     {"kube_contract", "token_scheduler"},
     {"node_state"},
-    {"device_plugin", "scheduler_extender", "commands"},
+    {"device_plugin", "dra_driver", "scheduler_extender", "commands"},
     {"dispatcher"},
 ]
 LAYER = {part: i for i, parts in enumerate(LAYERS) for part in parts}

@@ -7,9 +7,10 @@ crash leaves either the old or the new list, never a torn one.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from py_vcuda.files import write_atomic
 
 from .policy import NORMAL, validate_priority
 
@@ -30,27 +31,13 @@ class StateError(Exception):
 
 
 def save(directory: Path, gpu: str, tenants: list[TenantSpec]) -> None:
-    path = directory / STATE_FILE
-    tmp = directory / f".{STATE_FILE}.{os.getpid()}.tmp"
     doc = {
         "format": FORMAT,
         "gpu": gpu,
         "tenants": [{"name": t.name, "request": t.request, "limit": t.limit,
                      "priority": t.priority} for t in tenants],
     }
-    data = json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomic(directory / STATE_FILE, json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n", 0o600)
 
 
 def load(directory: Path, gpu: str) -> list[TenantSpec]:

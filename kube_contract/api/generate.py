@@ -16,7 +16,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-PROTOS = ("deviceplugin_v1beta1.proto", "podresources_v1.proto")
+PROTOS = ("deviceplugin_v1beta1.proto", "podresources_v1.proto", "pluginregistration_v1.proto", "dra_v1.proto",
+          "dra_v1beta1.proto")
 
 
 def generate(out: Path) -> None:

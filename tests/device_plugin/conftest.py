@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shimtest import container_env_on_host
 
 from device_plugin.config import resolve
-from device_plugin.inventory import Inventory
-from device_plugin.testing import TestKubelet, wait_for
+from device_plugin.testing import TestKubelet
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
+from node_state.gpus import Inventory
+from node_state.testing import gpu, inventory, wait_for
 from py_vcuda import native
-from py_vcuda.nvml import GPUInfo
-from py_vcuda.sim import GiB, SimConfig
+from py_vcuda.sim import SimConfig
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "node-1"
@@ -34,16 +35,6 @@ def kubelet(short_dir: Path) -> Iterator[TestKubelet]:
     k.start()
     yield k
     k.stop()
-
-
-def gpu(index: int, *, numa: int | None = None, memory: int = 16 * GiB) -> GPUInfo:
-    """A GPU with the simulator's UUID scheme, so a simulated program sees the same card."""
-    return GPUInfo(index=index, uuid=f"GPU-5157a0c0-{index:04x}-4000-8000-{index:012x}",
-                   name="vcuda simulated GPU", memory_total=memory, minor=index, numa_node=numa)
-
-
-def inventory(n: int, **kw: Any) -> Inventory:
-    return Inventory(tuple(gpu(i, **kw) for i in range(n)))
 
 
 def plugin_config(short_dir: Path, mode: str = "vgpu", **overrides: Any):  # type: ignore[no-untyped-def]
@@ -105,19 +96,8 @@ def stop_plugin(proc: subprocess.Popen[bytes], short_dir: Path) -> str:
 
 
 def host_env(resp: pb.ContainerAllocateResponse) -> dict[str, str]:
-    """The response's env as a process on the host sees it: container paths -> host paths."""
-    mounts = sorted(resp.mounts, key=lambda m: len(m.container_path), reverse=True)
-    env = {}
-    for key, value in resp.envs.items():
-        for m in mounts:
-            if m.container_path in value:
-                value = value.replace(m.container_path, m.host_path)
-                break
-        env[key] = value
-    preload = next(m for m in resp.mounts if m.container_path == "/etc/ld.so.preload")
-    lib = next(m.host_path for m in resp.mounts if m.container_path == Path(preload.host_path).read_text().strip())
-    env["LD_PRELOAD"] = lib
-    return env
+    """The response's env as a process on the host sees it (shimtest.container_env_on_host)."""
+    return container_env_on_host(resp.envs, {m.container_path: m.host_path for m in resp.mounts})
 
 
 class Helpers:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from device_plugin.health import DEFAULT_IGNORED_XIDS, HealthMonitor, parse_xid_list
+from node_state.health import DEFAULT_IGNORED_XIDS, HealthMonitor, parse_xid_list
 from py_vcuda.nvml import NVML, GPUInfo
 from py_vcuda.sim import GiB, SimConfig, SimReader, nvml_session
 

@@ -62,8 +62,7 @@ def test_failed_gpu_marks_all_its_devices_and_recovers(agent_factory, kubelet, d
 
 def test_ignored_xids_unset_empty_and_listed(dp):
     """--ignored-xids unset keeps NVIDIA's list; "" ignores none (every XID fails the GPU); a list is that list."""
-    from device_plugin.agent import nvml_health
-    from device_plugin.health import DEFAULT_IGNORED_XIDS
+    from node_state.health import DEFAULT_IGNORED_XIDS, nvml_health
 
     def ignored(text: str | None) -> frozenset[int]:
         return nvml_health(None, text)(dp.inventory(1), lambda *_: None).ignored_xids  # type: ignore[arg-type]

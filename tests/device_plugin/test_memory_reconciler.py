@@ -10,8 +10,8 @@ from pathlib import Path
 from simcontainers import FakeProc
 from simtool import Children, lines, mem
 
-from device_plugin.metrics import NodeCollector
 from device_plugin.pods import StaticPods
+from node_state.metrics import NodeCollector
 from node_state.metrics_snapshot import NodeReader
 from py_vcuda.ledger import Ledger
 from py_vcuda.sim import GiB, MiB, SimConfig, nvml_session

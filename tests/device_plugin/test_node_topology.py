@@ -9,11 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from device_plugin.inventory import Inventory
 from device_plugin.node_topology import KubeNode, encode
 from kube_contract import topology
 from kube_contract.names import Names
 from kube_contract.testing import FakeApiServer
+from node_state.gpus import Inventory
 from py_vcuda.sim import GiB, SimConfig
 from scheduler_extender.state import ClusterState
 

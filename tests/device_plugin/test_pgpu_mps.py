@@ -12,8 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from device_plugin.inventory import Inventory
+from device_plugin.inventory import topology as numa_topology
 from device_plugin.mps import PID_FILE, mps_dir
+from node_state.gpus import Inventory
 from py_vcuda.sim import GiB
 
 GPU = "nvidia.com/gpu"
@@ -193,4 +194,4 @@ def test_is_program(tmp_path, desc, comm, argv, expect):
 
 def test_gpu_without_numa_has_no_topology(dp):
     inv = Inventory((replace(dp.gpu(0), numa_node=None),))
-    assert inv.topology(inv.gpus[0]) is None
+    assert numa_topology(inv.gpus[0]) is None

@@ -235,7 +235,8 @@ def test_crashed_scheduler_is_restarted_with_its_tenants(agent_factory, kubelet,
 
 
 def test_bad_host_lib_dir_is_a_start_error(short_dir: Path, dp):
-    from device_plugin.agent import Agent, StartError
+    from device_plugin.agent import Agent
+    from node_state.daemon import StartError
 
     cfg = dp.plugin_config(short_dir, "vgpu", host_lib_dir=str(short_dir / "nowhere"))
     with pytest.raises(StartError, match="--host-lib-dir: .*libvcuda.so does not exist"):
@@ -307,7 +308,7 @@ def test_whole_cards_follow_the_extenders_assignment(agent_factory, kubelet, dp)
 
 
 def test_whole_cards_without_extender_take_the_nvlink_pair(agent_factory, kubelet, dp):
-    from device_plugin.inventory import Inventory
+    from node_state.gpus import Inventory
 
     gpus = tuple(dp.gpu(i, numa=0) for i in range(4))
     inv = Inventory(gpus, {0: frozenset(), 1: frozenset({2}), 2: frozenset({1}), 3: frozenset()})

@@ -29,8 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from device_plugin.testing import TestPodResources, wait_for  # noqa: F401  (wait_for: for the tests)
+from device_plugin.testing import TestPodResources
 from node_state.layout import ContainerRecord, NodeLayout, ledger_in
+from node_state.testing import wait_for  # noqa: F401  (for the tests)
 from py_vcuda import native
 from py_vcuda.ledger import Ledger
 from py_vcuda.nvml import NVML

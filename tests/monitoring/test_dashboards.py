@@ -47,7 +47,7 @@ def test_dashboard_model(name: str, variables: list[str]) -> None:
 def test_every_metric_in_a_query_is_documented() -> None:
     import re
 
-    documented = (DASHBOARDS.parents[1] / "device_plugin" / "METRICS.md").read_text()
+    documented = (DASHBOARDS.parents[1] / "node_state" / "METRICS.md").read_text()
     exprs = [e.promql for e in dashboard_exprs()] + list(alert_exprs().values())
     names = {m.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
              for e in exprs for m in re.findall(r"vcuda_[a-z_]+", e)}

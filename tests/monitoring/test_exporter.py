@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from device_plugin import metrics_text
-from device_plugin.metrics import snapshot_metrics, start_exporter
+from node_state import metrics_text
+from node_state.metrics import snapshot_metrics, start_exporter
 from node_state.metrics_snapshot import NodeReader, NodeSnapshot
 from py_vcuda.ledger import Ledger
 from token_scheduler.admin_client import AdminClient

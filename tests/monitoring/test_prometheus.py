@@ -33,7 +33,7 @@ from monitoring.promql import (
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.registry import Collector
 
-from device_plugin.metrics import snapshot_metrics, start_exporter
+from node_state.metrics import snapshot_metrics, start_exporter
 from node_state.metrics_snapshot import ContainerGPU, GPUState, NodeSnapshot, TenantStats, WaitHistogram
 
 GRAFANA = {"node": NODE, "gpu": ".*", "mode": "vgpu|pgpu|mps", "namespace": ".*", "pod": ".*",

@@ -17,9 +17,9 @@ import zmq
 from monitoring.snapshots import GiB, MiB
 from prometheus_client.parser import text_string_to_metric_families
 
-from device_plugin import metrics_text
-from device_plugin.metrics import snapshot_metrics
+from node_state import metrics_text
 from node_state.layout import SCHEDULER_DIR_KEY, ContainerRecord, NodeLayout, ledger_in
+from node_state.metrics import snapshot_metrics
 from node_state.metrics_snapshot import NodeReader
 from py_vcuda.ledger import Ledger
 from py_vcuda.nvml import GPUInfo, GPUUsage

@@ -1,8 +1,8 @@
-"""The node agent's Prometheus exporter: `/metrics` from a fresh NodeSnapshot on every scrape.
+"""The node daemons' Prometheus exporter: `/metrics` from a fresh NodeSnapshot on every scrape.
 
 A custom Collector on its own CollectorRegistry (no global state), rendered by
 metrics_text (generate_latest's output, faster) on prometheus_client's
-threading WSGI server. Names, units and labels: device_plugin/METRICS.md
+threading WSGI server. Names, units and labels: node_state/METRICS.md
 (contract: `vcuda_`).
 """
 
@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from device_plugin import metrics_text
 from kube_contract.podresources import PodResourcesClient
+from node_state import metrics_text
 from node_state.layout import NodeLayout
 from node_state.metrics_snapshot import ContainerGPU, NodeReader, NodeSnapshot, allocated, gpu_modes
 from py_vcuda.memory_reconciler import MemoryReconciler

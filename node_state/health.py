@@ -18,7 +18,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from node_state.gpus import Inventory
 from py_vcuda.nvml import NVML, GPUInfo, XidWatch
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,7 @@ DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({
 })
 
 OnChange = Callable[[str, bool, str], None]
+HealthFactory = Callable[[Inventory, OnChange], Any]   # -> an object with start()/stop(), e.g. a HealthMonitor
 
 
 def parse_xid_list(text: str) -> frozenset[int]:
@@ -186,3 +189,14 @@ class HealthMonitor:
             self._on_change(state.info.uuid, healthy, reason)
         except Exception:
             log.exception("health change listener failed for GPU %s", state.info.uuid)
+
+
+def nvml_health(nvml: NVML, ignored_xids: str | None) -> HealthFactory:
+    """The XID health monitor bound to this NVML session (the node daemons' health_factory)."""
+    # None (unset) keeps NVIDIA's list; "" is a list too: ignore no XID.
+    ignored = parse_xid_list(ignored_xids) if ignored_xids is not None else DEFAULT_IGNORED_XIDS
+
+    def make(inventory: Inventory, on_change: OnChange) -> HealthMonitor:
+        return HealthMonitor(nvml, inventory.gpus, on_change, ignored_xids=ignored)
+
+    return make

@@ -1,0 +1,108 @@
+"""The DRA driver's node agent: wires the kubelet plugin, the claim driver, the token
+schedulers, health, the ResourceSlice publisher, the memory reconciler and the exporter,
+and takes them down in reverse.
+
+The node-side pieces are node_state's, as the device plugin's are (layout,
+containers, tenancy, schedulers, supervisor, gpus, health, metrics): a node runs
+either the device plugin or the DRA driver on a state directory, and its
+containers look the same to the exporter and `vcuda top` either way. Hardware and cluster come in as objects
+(inventory, NVML, the API, the health monitor factory) so tests run the same
+wiring on the simulator and fakes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from dra_driver import slices
+from dra_driver.cdi import SpecDir
+from dra_driver.checkpoint import Checkpoint
+from dra_driver.config import DriverConfig
+from dra_driver.driver import MODE, ClaimSource, Driver
+from dra_driver.plugin import KubeletPlugin
+from node_state.containers import ContainerStore
+from node_state.daemon import StartError
+from node_state.gpus import Health, Inventory
+from node_state.health import HealthFactory
+from node_state.layout import NodeLayout
+from node_state.metrics import start_exporter
+from node_state.schedulers import TokenScheduler
+from node_state.supervisor import Supervisor
+from py_vcuda import native
+from py_vcuda.memory_reconciler import MemoryReconciler
+from py_vcuda.nvml import NVML
+from py_vcuda.procfs import ProcFS
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "dra/claims"   # under the state directory
+
+
+class ClusterAPI(ClaimSource, slices.SliceAPI, Protocol):
+    """Everything the driver asks the API server (dra_driver.kube.KubeAPI)."""
+
+
+class DriverAgent:
+    def __init__(self, config: DriverConfig, *, inventory: Inventory, api: ClusterAPI, nvml: NVML | None = None,
+                 health_factory: HealthFactory | None = None,
+                 versions: slices.DriverVersions | None = None) -> None:
+        if not inventory.gpus:
+            raise StartError("no GPUs found on this node; nothing to offer")
+        host_lib = config.host_lib_dir / native.SHIM
+        if not host_lib.is_file():
+            raise StartError(f"--host-lib-dir: {host_lib} does not exist; the DaemonSet's init step puts "
+                             "libvcuda.so there for containers to mount")
+        self.config = config
+        self.inventory = inventory
+        self.nvml = nvml
+        self.layout = NodeLayout(config.state_dir)
+        self.store = ContainerStore(self.layout)
+        self.health = Health()
+        self.schedulers = {g.uuid: TokenScheduler(g.uuid, self.layout, functools.partial(self.store.tenants, g.uuid))
+                           for g in inventory.gpus}
+        self.supervisor = Supervisor(list(self.schedulers.values()))
+        self.driver = Driver(node=config.node_name, inventory=inventory, health=self.health, store=self.store,
+                             schedulers=self.schedulers, host_lib=host_lib, specs=SpecDir(config.cdi_dir),
+                             checkpoint=Checkpoint(config.state_dir / CHECKPOINT_DIR), api=api)
+        self.plugin = KubeletPlugin(self.driver, plugin_dir=config.plugin_dir, registry_dir=config.registry_dir)
+        known = versions or slices.DriverVersions()
+        self.publisher = slices.SlicePublisher(
+            api, config.node_name, lambda: slices.devices(inventory, self.health.healthy, known),
+            resync_s=config.resync_s)
+        self.health.subscribe(self.publisher.changed)
+        self.health_monitor = health_factory(inventory, self.health.set) if health_factory else None
+        # Claims share GPUs: their ledgers must also hold what NVML sees and no hook charged.
+        self.memory_reconciler = MemoryReconciler(
+            self.store.memory_accounts, nvml, procfs=ProcFS(config.host_proc), interval_s=config.memory_reconcile_s,
+        ) if nvml is not None else None
+        self._stop_exporter: Callable[[], None] | None = None
+
+    def start(self) -> None:
+        self.layout.containers.mkdir(parents=True, exist_ok=True)
+        self.supervisor.start()       # schedulers first: recovery and prepare talk to them
+        self.driver.recover()         # before the kubelet can call: finish what the last run left half done
+        self.plugin.start()
+        if self.health_monitor is not None:
+            self.health_monitor.start()
+        self.publisher.start()
+        if self.memory_reconciler is not None:
+            self.memory_reconciler.start()
+        if self.config.metrics_port:
+            self._stop_exporter = start_exporter(port=self.config.metrics_port, layout=self.layout, mode=MODE,
+                                                 node=self.config.node_name, pod_resources_socket=None, nvml=self.nvml,
+                                                 memory_reconciler=self.memory_reconciler)
+        log.info("DRA driver running on node %s with %d GPU(s)", self.config.node_name, len(self.inventory.gpus))
+
+    def stop(self) -> None:
+        if self._stop_exporter is not None:
+            self._stop_exporter()
+        if self.memory_reconciler is not None:
+            self.memory_reconciler.stop()
+        self.publisher.stop()
+        if self.health_monitor is not None:
+            self.health_monitor.stop()
+        self.plugin.stop()
+        self.supervisor.stop()

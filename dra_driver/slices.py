@@ -1,0 +1,229 @@
+"""This node's GPUs as a ResourceSlice (resource.k8s.io/v1), kept current in the API server.
+
+One pool per node (named after the node), one slice holding it, one device per
+healthy GPU (``gpu-<index>``). Each device can be shared by several claims
+(``allowMultipleAllocations``), each consuming part of its capacity:
+
+    cores    100 per GPU, requests in steps of 1 (1..100), default 100
+    memory   the GPU's bytes, requests in steps of 256 MiB, default all of it
+
+A request that names neither consumes the defaults: the whole GPU. Attributes
+(qualified with the driver's domain in CEL: ``device.attributes["gpu.vcuda.io"].uuid``):
+uuid, index, productName, memory (bytes), driverVersion and cudaDriverVersion
+(semver), numaNode (when known), nvlinkPeers (indexes of the NVLink-connected
+GPUs, comma separated, sorted).
+
+`SlicePublisher` writes the slice when it starts, whenever a GPU's health
+changes (an unhealthy GPU leaves the slice, so no new claim lands on it; it
+comes back when it recovers), and checks it every `resync_s` (a slice someone
+deleted or changed is written again). Each change of the devices bumps the
+pool's generation, which tells the scheduler that older slices of the pool are
+stale. The API server may be down: the publisher keeps retrying with a growing
+pause, and the kubelet plugin serves meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from dra_driver.claims import whole_memory
+from dra_driver.names import CORES, DRIVER, MEMORY
+from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES
+from node_state.gpus import Inventory
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "resource.k8s.io/v1"
+Slice = dict[str, Any]   # raw API JSON
+
+
+@dataclass(frozen=True)
+class DriverVersions:
+    """The node's NVIDIA driver and the CUDA version it supports, as NVML reports them (None: unknown)."""
+
+    driver: str | None = None
+    cuda: tuple[int, int] | None = None
+
+
+def semver(text: str) -> str | None:
+    """A driver version as semver 2.0 ("535.104.05" -> "535.104.5", "12.4" -> "12.4.0"); None if it is not one."""
+    parts = text.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    parts = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))   # semver forbids leading zeros
+    return ".".join(parts)
+
+
+def device_name(index: int) -> str:
+    return f"gpu-{index}"
+
+
+def slice_name(node: str) -> str:
+    return f"{node}-{DRIVER}"
+
+
+def devices(inventory: Inventory, healthy: Callable[[str], bool], versions: DriverVersions) -> list[dict[str, Any]]:
+    """The slice's devices: one per healthy GPU, in index order."""
+    common: dict[str, Any] = {}
+    if versions.driver and (v := semver(versions.driver)):
+        common["driverVersion"] = {"version": v}
+    if versions.cuda:
+        common["cudaDriverVersion"] = {"version": f"{versions.cuda[0]}.{versions.cuda[1]}.0"}
+    out = []
+    for g in sorted(inventory.gpus, key=lambda g: g.index):
+        if not healthy(g.uuid):
+            continue
+        attributes: dict[str, Any] = {
+            "uuid": {"string": g.uuid},
+            "index": {"int": g.index},
+            "productName": {"string": g.name},
+            "memory": {"int": g.memory_total},
+            **common,
+        }
+        if g.numa_node is not None:
+            attributes["numaNode"] = {"int": g.numa_node}
+        peers = sorted(inventory.nvlink.get(g.index, ()))
+        if peers:
+            attributes["nvlinkPeers"] = {"string": ",".join(map(str, peers))}
+        memory = whole_memory(g.memory_total)
+        out.append({
+            "name": device_name(g.index),
+            "attributes": attributes,
+            "capacity": {
+                CORES: {"value": str(CORES_PER_GPU), "requestPolicy": {
+                    "default": str(CORES_PER_GPU),
+                    "validRange": {"min": "1", "max": str(CORES_PER_GPU), "step": "1"}}},
+                MEMORY: {"value": str(g.memory_total), "requestPolicy": {
+                    "default": str(memory),
+                    "validRange": {"min": str(MEMORY_UNIT_BYTES), "max": str(memory),
+                                   "step": str(MEMORY_UNIT_BYTES)}}},
+            },
+            "allowMultipleAllocations": True,
+        })
+    return out
+
+
+def resource_slice(node: str, node_uid: str | None, generation: int, devs: list[dict[str, Any]]) -> Slice:
+    meta: dict[str, Any] = {"name": slice_name(node)}
+    if node_uid:
+        # Owned by the Node: the garbage collector removes the slice with it.
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid,
+                                    "controller": True}]
+    return {"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": meta,
+            "spec": {"driver": DRIVER, "nodeName": node,
+                     "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+                     "devices": devs}}
+
+
+class SliceAPI(Protocol):
+    """The API calls the publisher makes (dra_driver.kube.KubeAPI); each raises on failure."""
+
+    def node_uid(self, node: str) -> str: ...
+    def list_slices(self, node: str) -> list[Slice]: ...
+    def create_slice(self, body: Slice) -> Slice: ...
+    def replace_slice(self, body: Slice) -> Slice: ...
+    def delete_slice(self, name: str) -> None: ...
+
+
+class Conflict(Exception):
+    """The slice changed since it was read (HTTP 409); read it again and retry."""
+
+
+class SlicePublisher:
+    def __init__(self, api: SliceAPI, node: str, build: Callable[[], list[dict[str, Any]]], *,
+                 resync_s: float = 60.0, retry_s: float = 0.5, max_retry_s: float = 30.0) -> None:
+        self.api = api
+        self.node = node
+        self.name = slice_name(node)
+        self.build = build
+        self.resync_s = resync_s
+        self.retry_s = retry_s
+        self.max_retry_s = max_retry_s
+        self.generation = 0            # of the pool, as last written
+        self.writes = 0                # successful creates and replaces, for tests and logs
+        self.published = threading.Event()
+        self._node_uid: str | None = None
+        self._written: tuple[str, list[dict[str, Any]]] | None = None   # (resourceVersion, devices) we wrote
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def changed(self) -> None:
+        """The devices may have changed (a GPU's health): publish now, not at the next resync."""
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="slice-publisher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+
+    def _run(self) -> None:
+        pause = self.retry_s
+        failures = 0
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                self.sync()
+            except Exception as exc:   # the API server may be down or slow: keep trying, quietly after the first
+                failures += 1
+                (log.warning if failures == 1 else log.debug)("ResourceSlice %s not published (%s); retrying",
+                                                              self.name, exc)
+                self._wake.wait(pause)
+                pause = min(pause * 2, self.max_retry_s)
+                continue
+            if failures:
+                log.info("ResourceSlice %s published after %d failed attempt(s)", self.name, failures)
+            failures, pause = 0, self.retry_s
+            self._wake.wait(self.resync_s)
+
+    def sync(self) -> bool:
+        """Make the API server hold our slice with the current devices; True when it wrote something."""
+        for _ in range(5):
+            try:
+                return self._sync_once()
+            except Conflict:
+                continue   # someone changed it under us: read it again
+        raise Conflict(f"ResourceSlice {self.name} kept changing under the driver")
+
+    def _sync_once(self) -> bool:
+        devs = self.build()
+        if self._node_uid is None:
+            self._node_uid = self.api.node_uid(self.node)
+        ours = None
+        for s in self.api.list_slices(self.node):
+            if s["metadata"]["name"] == self.name:
+                ours = s
+            else:
+                # A slice of this driver and node under another name (an older driver's): ours replaces it.
+                log.info("deleting stale ResourceSlice %s", s["metadata"]["name"])
+                self.api.delete_slice(s["metadata"]["name"])
+            self.generation = max(self.generation, int(s["spec"].get("pool", {}).get("generation", 0)))
+        rv = ours["metadata"].get("resourceVersion") if ours else None
+        if ours is not None and self._written == (rv, devs):
+            self.published.set()
+            return False
+        started = time.perf_counter()
+        body = resource_slice(self.node, self._node_uid, self.generation + 1, devs)
+        if ours is None:
+            written = self.api.create_slice(body)
+        else:
+            body["metadata"]["resourceVersion"] = rv
+            written = self.api.replace_slice(body)
+        self.generation += 1
+        self.writes += 1
+        self._written = (written["metadata"].get("resourceVersion"), devs)
+        self.published.set()
+        log.info("published ResourceSlice %s: %d device(s), generation %d (%.1f ms)", self.name, len(devs),
+                 self.generation, (time.perf_counter() - started) * 1000)
+        return True
+

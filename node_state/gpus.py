@@ -1,0 +1,67 @@
+"""The node's GPUs as the node daemons see them: the inventory (identities, NVLink)
+and their health, which the XID monitor (node_state.health) keeps and the device
+plugin and the DRA driver publish, each in its own API (ListAndWatch, ResourceSlices).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from py_vcuda.nvml import NVML, GPUInfo
+
+
+@dataclass(frozen=True)
+class Inventory:
+    gpus: tuple[GPUInfo, ...]
+    nvlink: dict[int, frozenset[int]] = field(default_factory=dict)   # index -> NVLink peers
+    # (a, b) with a < b -> number of NVLink links; pairs in `nvlink` missing here count one link
+    links: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    @classmethod
+    def from_nvml(cls, nvml: NVML) -> Inventory:
+        gpus = tuple(nvml.gpus())
+        links: dict[tuple[int, int], int] = {}
+        for g in gpus:
+            for peer, n in nvml.nvlink_links(g.index).items():
+                links[(min(g.index, peer), max(g.index, peer))] = n
+        nvlink = {g.index: frozenset(b if a == g.index else a for a, b in links if g.index in (a, b)) for g in gpus}
+        return cls(gpus, nvlink, links)
+
+    def link_count(self, a: int, b: int) -> int:
+        """NVLink links between two GPUs (0: not connected)."""
+        if b not in self.nvlink.get(a, ()):
+            return 0
+        return self.links.get((min(a, b), max(a, b)), 1)
+
+    def by_uuid(self, uuid: str) -> GPUInfo | None:
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
+
+class Health:
+    """Which GPUs are unhealthy, and who to tell when that changes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._unhealthy: dict[str, str] = {}
+        self._listeners: list[Callable[[], None]] = []
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def set(self, uuid: str, healthy: bool, reason: str = "") -> None:
+        """HealthMonitor's on_change; called from its thread."""
+        with self._lock:
+            before = uuid not in self._unhealthy
+            if healthy:
+                self._unhealthy.pop(uuid, None)
+            else:
+                self._unhealthy[uuid] = reason
+        if before != healthy:
+            for listener in self._listeners:
+                listener()
+
+    def healthy(self, uuid: str) -> bool:
+        with self._lock:
+            return uuid not in self._unhealthy

@@ -1,0 +1,103 @@
+"""A shared-GPU container's node side: its directory (record, ledger, preload file), its
+token-scheduler tenant, and the environment and mounts that put them into the container.
+
+vgpu Allocate (device_plugin.vgpu) and the DRA driver's prepare (dra_driver.driver)
+both set containers up through `set_up` and describe them through `injection`, so
+a container looks the same to libvcuda, the exporter and `vcuda top` whichever
+of them made it. What goes in the container (**contract** with libvcuda's env):
+
+    NVIDIA_VISIBLE_DEVICES   the record's GPUs
+    VCUDA_CORE_REQUEST/_LIMIT, VCUDA_MEMORY_LIMIT (when limited), VCUDA_LEDGER
+    VCUDA_SCHEDULER          when the container is a tenant (a share of one GPU)
+    mounts: the directory's shared/ part, libvcuda, the tenant's socket directory,
+            and /etc/ld.so.preload unless the container opted out
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from node_state.containers import (
+    CONTAINER_DIR,
+    CONTAINER_LEDGER,
+    CONTAINER_LIB,
+    CONTAINER_SCHED_DIR,
+    CONTAINER_SCHEDULER,
+    PRELOAD_FILE,
+    ContainerStore,
+)
+from node_state.layout import ContainerRecord, NodeLayout
+from node_state.schedulers import SchedulerError, TokenScheduler
+
+PRELOAD_TARGET = Path("/etc/ld.so.preload")
+
+
+@dataclass(frozen=True)
+class Mount:
+    host: Path
+    container: Path
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class Injection:
+    """What a container gets: environment and bind mounts."""
+
+    env: dict[str, str]
+    mounts: tuple[Mount, ...]
+
+
+def tenant_dir(schedulers: Mapping[str, TokenScheduler], record: ContainerRecord) -> Path | None:
+    """Where the record's tenant socket lives (None: no tenant), whether or not it is registered yet."""
+    if record.tenant is None:
+        return None
+    return schedulers[record.gpus[0]].tenant_dir(record.tenant)
+
+
+def add_tenant(schedulers: Mapping[str, TokenScheduler], record: ContainerRecord) -> Path | None:
+    """Register the record's tenant (if it has one) with its GPU's scheduler; returns its socket directory.
+
+    SchedulerError when there is no scheduler for the GPU or it refuses the quota.
+    """
+    if record.tenant is None:
+        return None
+    scheduler = schedulers.get(record.gpus[0])
+    if scheduler is None:
+        raise SchedulerError(f"no token scheduler for GPU {record.gpus[0]}")
+    return scheduler.add(record.tenant, record.core_request, record.core_limit, record.priority)
+
+
+def set_up(store: ContainerStore, schedulers: Mapping[str, TokenScheduler], record: ContainerRecord, *,
+           preload: bool) -> Path | None:
+    """Create the container's directory and ledger, then its tenant; returns the tenant's socket directory.
+
+    All or nothing: when the scheduler refuses, the directory goes again (SchedulerError passes on).
+    """
+    store.create(record, ledger=True, preload=preload)
+    try:
+        return add_tenant(schedulers, record)
+    except Exception:
+        store.remove(record.key)
+        raise
+
+
+def injection(layout: NodeLayout, record: ContainerRecord, tenant: Path | None, host_lib: Path, *,
+              preload: bool) -> Injection:
+    env = {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(record.gpus),
+        "VCUDA_CORE_REQUEST": str(record.core_request),
+        "VCUDA_CORE_LIMIT": str(record.core_limit),
+        "VCUDA_LEDGER": str(CONTAINER_LEDGER),
+    }
+    if record.memory_limit is not None:
+        env["VCUDA_MEMORY_LIMIT"] = str(record.memory_limit)
+    mounts = [Mount(layout.shared_dir(record.key), CONTAINER_DIR, read_only=False),
+              Mount(host_lib, CONTAINER_LIB, read_only=True)]
+    if tenant is not None:
+        env["VCUDA_SCHEDULER"] = CONTAINER_SCHEDULER
+        mounts.append(Mount(tenant, CONTAINER_SCHED_DIR, read_only=False))
+    if preload:
+        mounts.append(Mount(layout.container_dir(record.key) / PRELOAD_FILE, PRELOAD_TARGET, read_only=True))
+    return Injection(env, tuple(mounts))

@@ -6,7 +6,13 @@
              (cuModuleGetFunction, where local memory is charged), through the
              shim vs straight to the simulator (median of rounds, runs
              interleaved so machine noise hits both alike); goals (issue 12):
-             launch <= 5 ns added, alloc+free <= 150, async pair <= 300
+             launch <= 5 ns added, alloc+free <= 150, async pair <= 300.
+             "shim" has no token scheduler: its gate is always open and its
+             in-flight countdown never due, so every launch takes the fast path
+             a process holding the token takes between in-flight checkpoints
+             (issue 15: <= 5 ns added). "token" holds a scheduler's token (one
+             tenant at 100 %): the same fast path plus, amortized, a checkpoint
+             every K launches and the lease ends
   start:     exec -> first successful allocation, with vs without the shim;
              the first process of a container (creates the ledger, measures the
              context overhead) vs later ones; 100 processes started together
@@ -28,6 +34,7 @@ import time
 from pathlib import Path
 
 from py_vcuda import native
+from token_scheduler.testing import AdminClient, spawn_daemon
 
 HERE = Path(__file__).resolve().parent
 INCLUDE = HERE.parent / "libvcuda" / "include"
@@ -56,12 +63,25 @@ def shimmed(env: dict[str, str], ledger: Path, limit: str = "32Gi") -> dict[str,
 
 
 def hot_path(exe: Path, env: dict[str, str], tmp: Path, repeats: int) -> dict[str, dict[str, float]]:
-    results: dict[str, list[dict[str, float]]] = {"direct": [], "shim": []}
-    for i in range(repeats):
-        for mode in ("direct", "shim"):
-            e = env if mode == "direct" else shimmed(env, tmp / f"hot-{i}.ledger")
-            out = subprocess.run([str(exe), "15", "20000"], env=e, capture_output=True, text=True, check=True)
-            results[mode].append(json.loads(out.stdout))
+    results: dict[str, list[dict[str, float]]] = {"direct": [], "shim": [], "token": []}
+    directory = Path(tempfile.mkdtemp(prefix="vsb", dir="/tmp"))  # unix socket paths are short
+    daemon = spawn_daemon(directory)
+    admin = AdminClient(directory / "admin.sock")
+    try:
+        admin.wait_ready()
+        endpoint = str(admin.call("add", tenant="hot", request=100)["endpoint"])
+        for i in range(repeats):
+            for mode in results:
+                e = env if mode == "direct" else shimmed(env, tmp / f"hot-{mode}-{i}.ledger")
+                if mode == "token":
+                    e["VCUDA_SCHEDULER"] = endpoint
+                out = subprocess.run([str(exe), "15", "20000"], env=e, capture_output=True, text=True, check=True)
+                results[mode].append(json.loads(out.stdout))
+    finally:
+        admin.close()
+        daemon.kill()
+        daemon.wait()
+        shutil.rmtree(directory, ignore_errors=True)
     return {mode: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for mode, runs in results.items()}
 
 
@@ -108,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         start = start_costs(start_exe, env, tmp, args.starts)
         together_direct = start_together(start_exe, env, args.together)
         together_shim = start_together(start_exe, shimmed(env, tmp / "together.ledger", "64Gi"), args.together)
-    d, s = hot["direct"], hot["shim"]
+    d, s, t = hot["direct"], hot["shim"], hot["token"]
     print("hot path (median ns per call; simulator driver)")
     rows = (("alloc_free_ns", "cuMemAlloc_v2+cuMemFree_v2", 150), ("async_pair_ns", "cuMemAllocAsync+FreeAsync", 300),
             ("launch_ns", "cuLaunchKernel", 5), ("lookup_ns", "cuModuleGetFunction", None))
@@ -117,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         added = s[key] - d[key]
         verdict = "" if goal is None else f"<= {goal} " + ("ok" if added <= goal else "MISSED")
         print(f"  {label:<28}{d[key]:>10.1f}{s[key]:>10.1f}{added:>10.1f}{s[key] / d[key]:>8.2f}  {verdict}")
+    print(f"  cuLaunchKernel holding a scheduler's token (amortized checkpoints and lease ends): "
+          f"{t['launch_ns']:.1f} ns, +{t['launch_ns'] - d['launch_ns']:.1f} over direct")
     print("process start: exec -> first successful allocation (median ms)")
     print(f"  without shim {start['direct_ms']:.3f}   first of a container {start['first_ms']:.3f} "
           f"(+{start['first_ms'] - start['direct_ms']:.3f})   later {start['later_ms']:.3f} "

@@ -1,5 +1,6 @@
 """A container's quota from its pod: cores from the device IDs, the elastic cap
-from ``vcuda.io/core-limit``, memory from ``vcuda.io/memory`` > the extender's
+from ``vcuda.io/core-limit``, the priority class from ``vcuda.io/priority``
+(``high`` or ``normal``), memory from ``vcuda.io/memory`` > the extender's
 assignment > the container's ``vcuda-memory`` units. Allocate and the live
 update path both use this, so a pod means the same thing at start and later.
 
@@ -15,7 +16,8 @@ which overrides them and so means the same): a request of whole cards spreads
 it evenly over them (200 cores and 64 units, 16 GiB, is 8 GiB per card), as
 the extender does when it checks that a card is big enough. The extender's own
 figure is already per GPU. ``vcuda.io/core-limit`` on whole cards is refused
-unless it is 100: they have no token scheduler to cap them.
+unless it is 100: they have no token scheduler to cap them; so is
+``vcuda.io/priority: high`` (nothing to revoke for them).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names, parse_memory
+from token_scheduler.policy import HIGH, NORMAL, PRIORITIES
 
 
 class QuotaError(ValueError):
@@ -34,10 +37,29 @@ class Quota:
     core_request: int
     core_limit: int
     memory_limit: int | None   # bytes per GPU
+    priority: str = NORMAL
 
 
 def core_limit_annotation(names: Names) -> str:
     return f"{names.annotation_prefix}/core-limit"
+
+
+def priority_annotation(names: Names) -> str:
+    return f"{names.annotation_prefix}/priority"
+
+
+def parse_priority(names: Names, annotations: dict[str, str], cores: int) -> str:
+    key = priority_annotation(names)
+    if key not in annotations:
+        return NORMAL
+    text = annotations[key].strip()
+    if text not in PRIORITIES:
+        raise QuotaError(f"annotation {key}: {annotations[key]!r} is not a priority; use one of "
+                         f"{', '.join(PRIORITIES)}")
+    if text == HIGH and cores >= CORES_PER_GPU:
+        raise QuotaError(f"annotation {key}: {text!r} cannot apply to whole GPUs, which share with nobody; "
+                         f"remove it, or ask for fewer than {CORES_PER_GPU} cores to share a GPU")
+    return text
 
 
 def quota(names: Names, annotations: dict[str, str], *, cores: int, share_memory: int | None,
@@ -67,4 +89,4 @@ def quota(names: Names, annotations: dict[str, str], *, cores: int, share_memory
         memory = share_memory
     elif memory_units > 0:
         memory = memory_units * MEMORY_UNIT_BYTES // gpus
-    return Quota(cores, limit, memory)
+    return Quota(cores, limit, memory, parse_priority(names, annotations, cores))

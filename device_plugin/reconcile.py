@@ -7,9 +7,10 @@ every `interval_s` (a pass costs one pod list and one pod-resources List):
 - a container whose pod (by uid) is no longer on the node is gone;
 - a container without a known pod (anonymous, pgpu, mps) is gone once none of
   its device IDs has appeared in kubelet's pod-resources List for `grace_s`;
-- for a live vgpu container, ``vcuda.io/core-limit`` / ``vcuda.io/memory``
-  are read again: a change reaches the token scheduler (admin ``update``) and
-  the ledger (``set_limit``) and the record, without restarting the pod.
+- for a live vgpu container, ``vcuda.io/core-limit`` / ``vcuda.io/priority`` /
+  ``vcuda.io/memory`` are read again: a change reaches the token scheduler
+  (admin ``update``) and the ledger (``set_limit``) and the record, without
+  restarting the pod.
 
 - a container whose identity is provisional or unknown takes the owner that
   pod-resources reports for its device IDs (see device_plugin.pods).
@@ -161,23 +162,24 @@ class Reconciler:
                 log.warning("pod %s/%s: %s; keeping the current quota", record.namespace, record.pod, exc)
                 self._warned[record.key] = str(exc)
             return
-        if (q.core_limit, q.memory_limit) == (record.core_limit, record.memory_limit):
+        if (q.core_limit, q.priority, q.memory_limit) == (record.core_limit, record.priority, record.memory_limit):
             return
-        if record.tenant and q.core_limit != record.core_limit:
+        if record.tenant and (q.core_limit, q.priority) != (record.core_limit, record.priority):
             scheduler = self.schedulers.get(record.gpus[0])
             if scheduler is None:
                 return
             try:
-                scheduler.update(record.tenant, record.core_request, q.core_limit)
+                scheduler.update(record.tenant, record.core_request, q.core_limit, q.priority)
             except SchedulerError as exc:
-                log.warning("live core-limit update of %s: %s", record.key, exc)
+                log.warning("live core-limit/priority update of %s: %s", record.key, exc)
                 return
-        updated = dataclasses.replace(record, core_limit=q.core_limit, memory_limit=q.memory_limit)
+        updated = dataclasses.replace(record, core_limit=q.core_limit, priority=q.priority,
+                                      memory_limit=q.memory_limit)
         if q.memory_limit != record.memory_limit:
             self.store.set_memory_limit(updated)
         self.store.layout.write_record(updated)
-        log.info("quota of %s/%s:%s now cores %d/%d, memory %s", record.namespace, record.pod,
-                 record.container, record.core_request, q.core_limit, q.memory_limit)
+        log.info("quota of %s/%s:%s now cores %d/%d %s, memory %s", record.namespace, record.pod,
+                 record.container, record.core_request, q.core_limit, q.priority, q.memory_limit)
 
     def _share_memory(self, annotations: dict[str, str], record: ContainerRecord) -> int | None:
         text = annotations.get(self.names.assignment)

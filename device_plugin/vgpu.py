@@ -196,6 +196,7 @@ class CorePlugin:
                 key=key, mode="vgpu", resource=self.resource, device_ids=tuple(device_ids),
                 gpus=tuple(groups), core_request=q.core_request, core_limit=q.core_limit,
                 memory_limit=q.memory_limit, tenant=(handed.tenant if handed else key) if fractional else None,
+                priority=q.priority,
                 namespace=match.namespace if match else "", pod=match.pod if match else "",
                 pod_uid=match.uid if match else "", container=match.container if match else "",
                 created=time.time(), extra=extra)
@@ -209,9 +210,9 @@ class CorePlugin:
                 # runs before it, keeps using the same socket. Only one record may re-register it.
                 ctx.store.layout.write_record(dataclasses.replace(
                     handed, tenant=None, extra={**handed.extra, "tenant_to": key}))
-        log.info("allocated %s to %s/%s:%s (%s, cores %d/%d, memory %s)", key, record.namespace,
+        log.info("allocated %s to %s/%s:%s (%s, cores %d/%d %s, memory %s)", key, record.namespace,
                  record.pod, record.container, ",".join(record.gpus), q.core_request, q.core_limit,
-                 q.memory_limit)
+                 q.priority, q.memory_limit)
         return self._response(record, tenant_dir, disabled)
 
     def _init_tenant(self, match: podlib.PodMatch | None, uuid: str,

@@ -12,7 +12,7 @@ from the DeviceClass and the claim; for each request the class's entries apply
 first, then the claim's, field by field. Fields::
 
     coreLimit: 60        # elastic cap, percent: request <= coreLimit <= 100 (whole GPUs: 100 only)
-    priority: normal     # normal | high (high needs the token scheduler's priority classes)
+    priority: normal     # normal | high (latency-sensitive: revokes normal tenants' leases; not on whole GPUs)
     preload: true        # false: no /etc/ld.so.preload (the container preloads libvcuda itself)
 
 A config that cannot be used fails its claim with an error naming the field.
@@ -32,8 +32,7 @@ from dra_driver.names import CONFIG_API_VERSION, CONFIG_KIND, CORES, DRIVER, MEM
 from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES
 from py_vcuda.nvml import GPUInfo
 from py_vcuda.quantity import QuantityError, parse_quantity
-
-PRIORITIES = ("normal", "high")
+from token_scheduler.policy import HIGH, PRIORITIES
 
 
 class ClaimError(ValueError):
@@ -152,11 +151,6 @@ def share_config_fields(params: Any, where: str) -> dict[str, Any]:
         elif key == "priority":
             if value not in PRIORITIES:
                 raise ClaimError(f"{path}: {value!r} is not one of {', '.join(PRIORITIES)}")
-            if value == "high":
-                # Fail closed: accepting it without the scheduler's priority classes would promise latency
-                # nobody delivers.
-                raise ClaimError(f"{path}: 'high' needs priority classes in the token scheduler, which this "
-                                 "vcuda build does not have; use 'normal' or leave it out")
             out["priority"] = value
         elif key == "preload":
             if not isinstance(value, bool):
@@ -264,6 +258,9 @@ def _share(claim: Claim, request: str, results: list[Result], gpu_of: Callable[[
                          f"is one GPU (ask for one device, or {CORES_PER_GPU} cores of each)")
     if not 1 <= share.core_request <= CORES_PER_GPU:
         raise ClaimError(f"{where}: consumed {share.core_request} cores; a GPU has {CORES_PER_GPU}")
+    if share.priority == HIGH and not share.fractional:
+        raise ClaimError(f"{where}: {CONFIG_KIND}.priority 'high' cannot apply to whole GPUs, which share with "
+                         f"nobody; remove it, or ask for fewer than {CORES_PER_GPU} cores to share a GPU")
     limit = config.core_limit
     if limit is None:
         return share

@@ -215,7 +215,7 @@ class Driver:
         return ContainerRecord(
             key=key, mode=MODE, resource=DRIVER, device_ids=tuple(f"{r.pool}/{r.device}" for r in share.results),
             gpus=share.gpus, core_request=share.core_request, core_limit=share.core_limit,
-            memory_limit=share.memory_limit, tenant=key if share.fractional else None,
+            memory_limit=share.memory_limit, tenant=key if share.fractional else None, priority=share.priority,
             namespace=claim.namespace, pod=pod[0], pod_uid=pod[1], container=",".join(containers),
             created=time.time(), extra=extra)
 

@@ -87,9 +87,10 @@ class ContainerStore:
         """(pod uid, container) of every identified container (of `records`, else of all)."""
         return {(r.pod_uid, r.container) for r in (self.records() if records is None else records) if r.pod_uid}
 
-    def tenants(self, uuid: str) -> list[tuple[str, int, int]]:
-        """(tenant, request %, limit %) of every record with a tenant on this GPU: what its scheduler must hold."""
-        return [(r.tenant, r.core_request, r.core_limit) for r in self.records()
+    def tenants(self, uuid: str) -> list[tuple[str, int, int, str]]:
+        """(tenant, request %, limit %, priority) of every record with a tenant on this GPU: what its
+        scheduler must hold."""
+        return [(r.tenant, r.core_request, r.core_limit, r.priority) for r in self.records()
                 if r.tenant and r.gpus and r.gpus[0] == uuid]
 
     def memory_accounts(self) -> list[Account]:

@@ -73,6 +73,7 @@ class ContainerRecord:
     core_limit: int
     memory_limit: int | None        # bytes per GPU; None: unlimited
     tenant: str | None = None       # token-scheduler tenant name; None: unthrottled
+    priority: str = "normal"        # the tenant's class: high | normal
     namespace: str = ""
     pod: str = ""
     pod_uid: str = ""
@@ -100,6 +101,7 @@ class ContainerRecord:
                 core_request=int(doc["core_request"]), core_limit=int(doc["core_limit"]),
                 memory_limit=None if doc["memory_limit"] is None else int(doc["memory_limit"]),
                 tenant=None if doc.get("tenant") is None else str(doc["tenant"]),
+                priority=str(doc.get("priority", "normal")),  # came later within format 1
                 namespace=str(doc.get("namespace", "")), pod=str(doc.get("pod", "")),
                 pod_uid=str(doc.get("pod_uid", "")), container=str(doc.get("container", "")),
                 created=float(doc.get("created", 0.0)),

@@ -142,11 +142,22 @@ def _container_metrics(f: _Families, snap: NodeSnapshot, c: ContainerGPU) -> Non
               CONTAINER_LABELS).add_metric(labels, t.overruns)
     f.gauge("vcuda_container_token_waiting", "Processes of the container waiting for a token",
             CONTAINER_LABELS).add_metric(labels, t.waiting)
+    f.counter("vcuda_container_token_revocations", "Leases revoked for a high-priority tenant",
+              CONTAINER_LABELS).add_metric(labels, t.revocations)
+    f.counter("vcuda_container_token_revoke_reclaims", "Revoked leases not released within the budget "
+              "and grace, taken back by the scheduler", CONTAINER_LABELS).add_metric(labels, t.revoke_reclaims)
+    if t.budget_s is not None:
+        f.gauge("vcuda_container_inflight_budget_seconds", "GPU work a token holder may have launched and "
+                "not finished", CONTAINER_LABELS).add_metric(labels, t.budget_s)
+    f.counter("vcuda_container_inflight_budget_hits", "Launches that waited for earlier work to finish "
+              "because the in-flight budget was reached", CONTAINER_LABELS).add_metric(labels, t.budget_hits)
+    f.counter("vcuda_container_inflight_budget_wait_seconds", "Time launches waited at the in-flight budget",
+              CONTAINER_LABELS).add_metric(labels, t.budget_wait_s)
     buckets = [(_le(b), n) for b, n in zip(t.wait.bounds_s, t.wait.cumulative, strict=False)
                if b in EXPORTED_WAIT_BOUNDS_S]
     buckets.append(("+Inf", t.wait.count))
     f.histogram("vcuda_container_token_wait_seconds", "Time from asking for a token to getting it",
-                CONTAINER_LABELS).add_metric(labels, buckets, t.wait.sum_s)
+                [*CONTAINER_LABELS, "priority"]).add_metric([*labels, t.priority], buckets, t.wait.sum_s)
 
 
 def _le(bound: float) -> str:

@@ -73,6 +73,12 @@ class TenantStats:
     waiting: int
     wait_p99_s: float
     wait: WaitHistogram
+    priority: str = "normal"
+    revocations: int = 0          # its leases revoked for a `high` tenant
+    revoke_reclaims: int = 0      # ... not released in time, reclaimed
+    budget_s: float | None = None  # its in-flight budget now; None: a scheduler without budgets
+    budget_hits: int = 0          # launches that waited for room under the budget
+    budget_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -397,6 +403,12 @@ class NodeReader:
                         waiting=int(doc.get("waiting", 0)),
                         wait_p99_s=float(doc.get("wait_us", {}).get("p99", 0.0)) / 1e6,
                         wait=WaitHistogram.from_stats(doc["wait_histogram"]),
+                        priority=str(doc.get("priority", record.priority)),
+                        revocations=int(doc.get("revocations", 0)),
+                        revoke_reclaims=int(doc.get("revoke_reclaims", 0)),
+                        budget_s=float(doc["budget_us"]) / 1e6 if "budget_us" in doc else None,
+                        budget_hits=int(doc.get("budget_hits", 0)),
+                        budget_wait_s=float(doc.get("budget_wait_ms", 0.0)) / 1e3,
                     )
                 except (KeyError, TypeError, ValueError, AttributeError) as exc:
                     errors.append(f"scheduler stats of tenant {record.tenant}: {exc!r}")

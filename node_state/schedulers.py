@@ -26,7 +26,7 @@ from token_scheduler.admin_client import AdminClient
 
 log = logging.getLogger(__name__)
 
-TenantQuota = tuple[str, int, int]   # (tenant, request %, limit %)
+TenantQuota = tuple[str, int, int, str]   # (tenant, request %, limit %, priority)
 
 
 class SchedulerError(RuntimeError):
@@ -92,9 +92,9 @@ class TokenScheduler:
         return None if self._proc is None else self._proc.pid
 
     def after_start(self) -> None:
-        for tenant, request, limit in self.tenants():
+        for tenant, request, limit, priority in self.tenants():
             try:
-                self.add(tenant, request, limit)
+                self.add(tenant, request, limit, priority)
             except SchedulerError as exc:
                 log.error("re-registering tenant %s: %s", tenant, exc)
 
@@ -124,22 +124,22 @@ class TokenScheduler:
             raise SchedulerError(f"{self.name} refused {op}: {reply.get('error')}")
         return reply
 
-    def add(self, tenant: str, request: int, limit: int) -> Path:
+    def add(self, tenant: str, request: int, limit: int, priority: str = "normal") -> Path:
         """Register (or re-apply) a tenant; returns the directory holding its socket."""
         try:
-            self.call("add", tenant=tenant, request=request, limit=limit)
+            self.call("add", tenant=tenant, request=request, limit=limit, priority=priority)
         except SchedulerError as exc:
             if "exists" not in str(exc):
                 raise
-            self.call("update", tenant=tenant, request=request, limit=limit)
+            self.call("update", tenant=tenant, request=request, limit=limit, priority=priority)
         return self.tenant_dir(tenant)
 
     def tenant_dir(self, tenant: str) -> Path:
         """The directory holding a tenant's socket (mounted into its container)."""
         return self.directory / "tenants" / tenant
 
-    def update(self, tenant: str, request: int, limit: int) -> None:
-        self.call("update", tenant=tenant, request=request, limit=limit)
+    def update(self, tenant: str, request: int, limit: int, priority: str = "normal") -> None:
+        self.call("update", tenant=tenant, request=request, limit=limit, priority=priority)
 
     def remove(self, tenant: str) -> None:
         try:

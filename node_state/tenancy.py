@@ -66,7 +66,7 @@ def add_tenant(schedulers: Mapping[str, TokenScheduler], record: ContainerRecord
     scheduler = schedulers.get(record.gpus[0])
     if scheduler is None:
         raise SchedulerError(f"no token scheduler for GPU {record.gpus[0]}")
-    return scheduler.add(record.tenant, record.core_request, record.core_limit)
+    return scheduler.add(record.tenant, record.core_request, record.core_limit, record.priority)
 
 
 def set_up(store: ContainerStore, schedulers: Mapping[str, TokenScheduler], record: ContainerRecord, *,

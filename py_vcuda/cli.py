@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from py_vcuda import __version__
+from token_scheduler.policy import PRIORITIES
 
 
 def _quantity(text: str) -> int:
@@ -42,6 +43,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.core_limit is not None and args.core is None:
         print("vcuda run: --core-limit needs --core (the guaranteed share)", file=sys.stderr)
         return 2
+    if args.priority is not None and args.core is None:
+        print("vcuda run: --priority needs --core (priority orders the GPU's token among compute quotas)",
+              file=sys.stderr)
+        return 2
     if args.core_limit is not None and args.core_limit < args.core:
         print(f"vcuda run: --core-limit {args.core_limit} is below --core {args.core}", file=sys.stderr)
         return 2
@@ -55,7 +60,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         gpu = gpu or "0"
     tenant = launch.Tenant(memory=args.memory, memory_per_device=dict(args.device_memory or []),
                            gpu=gpu, ledger=args.ledger, log_level=args.log_level,
-                           core_request=args.core, core_limit=args.core_limit)
+                           core_request=args.core, core_limit=args.core_limit,
+                           priority=args.priority or "normal")
     base = None
     if args.simulate:
         from py_vcuda.sim import SimConfig
@@ -146,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "scheduler; the run sees only that GPU: --gpu, default 0)")
     p.add_argument("--core-limit", type=_percent, metavar="N",
                    help="cap on the share of GPU time in percent, at least --core (default: = --core)")
+    p.add_argument("--priority", choices=PRIORITIES,
+                   help="high: latency-sensitive, served within about a millisecond by revoking a normal "
+                        "tenant's lease (buys latency, not GPU time: --core still bounds it); "
+                        "default normal")
     p.add_argument("--gpu", metavar="I|UUID", help="run on this GPU only (sets CUDA_VISIBLE_DEVICES)")
     p.add_argument("--ledger", type=Path, metavar="FILE",
                    help="share a ledger file with other runs (default: one per run)")

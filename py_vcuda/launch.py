@@ -39,6 +39,7 @@ class Tenant:
     log_level: str | None = None
     core_request: int | None = None            # percent of GPU time guaranteed; None: no compute quota
     core_limit: int | None = None              # percent cap; None: = request
+    priority: str = "normal"                   # token-scheduler class: high | normal
 
 
 def runtime_dir() -> Path:
@@ -103,10 +104,10 @@ class SchedulerKeeper:
     PING_TIMEOUT_S = 0.5
     HUNG_AFTER_S = 3.0   # a loaded machine may delay a reply by a ping or two; not by seconds
 
-    def __init__(self, gpu: str, simulated: bool, tenant: str, request: int, limit: int,
+    def __init__(self, gpu: str, simulated: bool, tenant: str, request: int, limit: int, priority: str,
                  admin: AdminClient) -> None:
         self.gpu, self.simulated = gpu, simulated
-        self.tenant, self.request, self.limit = tenant, request, limit
+        self.tenant, self.request, self.limit, self.priority = tenant, request, limit, priority
         self.admin = admin
         self.silent_since: float | None = None   # monotonic time of the first unanswered ping
 
@@ -144,7 +145,8 @@ class SchedulerKeeper:
             listed = self.admin.call("list").get("tenants", [])
             if not any(isinstance(t, dict) and t.get("tenant") == self.tenant for t in listed):
                 # Its saved list lost us (deleted, or written before our add): register again.
-                self.admin.call("add", tenant=self.tenant, request=self.request, limit=self.limit)
+                self.admin.call("add", tenant=self.tenant, request=self.request, limit=self.limit,
+                                priority=self.priority)
         except (SchedulerError, TimeoutError) as exc:
             print(f"vcuda run: {exc}; trying again", file=sys.stderr)  # next check retries
             self.admin.close()   # closing twice is harmless; calling a closed one is not
@@ -184,7 +186,8 @@ def _write_record(command: Sequence[str], tenant: Tenant, name: str, scheduler: 
     record = ContainerRecord(
         key=name, mode="vgpu", resource="", device_ids=(), gpus=(),  # GPUs: whatever its ledger sees
         core_request=tenant.core_request or 0, core_limit=limit or 100, memory_limit=tenant.memory,
-        tenant=name if scheduler is not None else None, container=shlex.join(command)[:120],
+        tenant=name if scheduler is not None else None, priority=tenant.priority,
+        container=shlex.join(command)[:120],
         created=time.time(), extra=extra)
     return local_layout().write_record(record)
 
@@ -211,13 +214,14 @@ def run(command: Sequence[str], tenant: Tenant, base_env: Mapping[str, str] | No
         except BaseException:
             shutil.rmtree(record_dir, ignore_errors=True)
             raise
-        reply = admin.call("add", tenant=name, request=tenant.core_request, limit=limit)
+        reply = admin.call("add", tenant=name, request=tenant.core_request, limit=limit,
+                           priority=tenant.priority)
         if not reply.get("ok"):
             admin.close()
             shutil.rmtree(record_dir, ignore_errors=True)
             raise SchedulerError(f"the token scheduler refused the compute quota: {reply.get('error')}")
         env["VCUDA_SCHEDULER"] = str(reply["endpoint"])
-        keeper = SchedulerKeeper(gpu, simulated, name, tenant.core_request, limit, admin)
+        keeper = SchedulerKeeper(gpu, simulated, name, tenant.core_request, limit, tenant.priority, admin)
     memory = _MemoryWatch(name, ledger, env)
     try:
         return _supervise(command, env, keeper.check if keeper is not None else None, memory.start)

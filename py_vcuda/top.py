@@ -1,5 +1,5 @@
-"""`vcuda top`: every GPU on this machine and its tenants (quota, share, memory, token wait),
-refreshing in place.
+"""`vcuda top`: every GPU on this machine and its tenants (quota, priority, share, memory,
+token wait, revocations and in-flight budget waits), refreshing in place.
 
 It reads what the exporter reads (node_state.metrics_snapshot): on a node the
 agent's state directory, with names a record lacks from the kubelet's
@@ -63,6 +63,12 @@ def _wait(row: ContainerGPU) -> str:
     return f"{1000 * mean:.1f} / {1000 * t.wait_p99_s:.1f} ms"
 
 
+def _preempted(row: ContainerGPU) -> str:
+    """Leases revoked for a `high` tenant / launches that waited at the in-flight budget."""
+    t = row.tenant_stats
+    return "–" if t is None else f"{t.revocations} / {t.budget_hits}"
+
+
 def _gpu_title(g: GPUState, mode: str) -> str:
     parts = [f"GPU {g.index}  {g.name}  [{mode or '?'}]"]
     if g.usage is not None:
@@ -80,17 +86,19 @@ def _gpu_title(g: GPUState, mode: str) -> str:
 
 def _tenant_table(title: str, rows: list[ContainerGPU]) -> Table:
     table = Table(title=Text(title), title_justify="left", expand=False)  # Text: names are not markup
-    for name, justify in (("tenant", "left"), ("mode", "left"), ("request", "right"), ("limit", "right"),
-                          ("share", "right"), ("memory used / limit", "right"), ("peak", "right"),
-                          ("OOM", "right"), ("wait mean / p99", "right"), ("grants", "right")):
+    for name, justify in (("tenant", "left"), ("mode", "left"), ("prio", "left"), ("request", "right"),
+                          ("limit", "right"), ("share", "right"), ("memory used / limit", "right"),
+                          ("peak", "right"), ("OOM", "right"), ("wait mean / p99", "right"), ("grants", "right"),
+                          ("revoked / budget waits", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for r in sorted(rows, key=lambda r: r.display_name):
         t = r.tenant_stats
-        table.add_row(Text(r.display_name), r.mode, _pct(r.core_request), _pct(r.core_limit), _share(r), _memory(r),
-                      _bytes(r.memory_peak), "–" if r.oom_denials is None else str(r.oom_denials), _wait(r),
-                      "–" if t is None else str(t.grants))
+        table.add_row(Text(r.display_name), r.mode, "–" if t is None else t.priority, _pct(r.core_request),
+                      _pct(r.core_limit), _share(r), _memory(r), _bytes(r.memory_peak),
+                      "–" if r.oom_denials is None else str(r.oom_denials), _wait(r),
+                      "–" if t is None else str(t.grants), _preempted(r))
     if not rows:
-        table.add_row("(no tenants)", *[""] * 9)
+        table.add_row("(no tenants)", *[""] * 11)
     return table
 
 

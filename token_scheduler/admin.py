@@ -10,6 +10,8 @@ import json
 import logging
 from typing import Protocol
 
+from .policy import NORMAL, validate_priority
+
 log = logging.getLogger("token_scheduler")
 
 ADMIN_VERSION = 1
@@ -18,9 +20,11 @@ ADMIN_VERSION = 1
 class AdminTarget(Protocol):
     gpu: str
 
-    def add_tenant(self, name: str, request: int, limit: int) -> dict[str, object]: ...
+    def add_tenant(
+        self, name: str, request: int, limit: int, priority: str = ...
+    ) -> dict[str, object]: ...
     def update_tenant(
-        self, name: str, request: int | None, limit: int | None
+        self, name: str, request: int | None, limit: int | None, priority: str | None = ...
     ) -> dict[str, object]: ...
     def remove_tenant(self, name: str) -> dict[str, object]: ...
     def list_tenants(self) -> list[dict[str, object]]: ...
@@ -50,12 +54,16 @@ def _dispatch(target: AdminTarget, req: dict[str, object]) -> dict[str, object]:
         name = _field(req, "tenant", str)
         request = _field(req, "request", int)
         limit = _field(req, "limit", int, required=False)
-        return target.add_tenant(name, request, request if limit is None else limit)  # type: ignore[arg-type]
+        priority = _field(req, "priority", str, required=False)
+        return target.add_tenant(name, request, request if limit is None else limit,  # type: ignore[arg-type]
+                                 NORMAL if priority is None else validate_priority(priority))
     if op == "update":
+        priority = _field(req, "priority", str, required=False)
         return target.update_tenant(
             _field(req, "tenant", str),  # type: ignore[arg-type]
             _field(req, "request", int, required=False),  # type: ignore[arg-type]
             _field(req, "limit", int, required=False),  # type: ignore[arg-type]
+            None if priority is None else validate_priority(priority),
         )
     if op == "remove":
         return target.remove_tenant(_field(req, "tenant", str))  # type: ignore[arg-type]

@@ -41,13 +41,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="longest lease (default 50ms)")
     parser.add_argument("--grace", type=_duration, default="10ms",
                         help="time past expiry before a silent lease is reclaimed (default 10ms)")
+    parser.add_argument("--budget", type=_duration, default="10ms",
+                        help="in-flight budget: GPU work a token holder may have launched and not "
+                             "finished, at most a quarter of --quantum-max (default 10ms)")
+    parser.add_argument("--budget-high", type=_duration, default="1ms",
+                        help="in-flight budget while a `high` priority tenant is registered: how long "
+                             "its revocations wait for the holder's work (default 1ms)")
+    parser.add_argument("--revoke-grace", type=_duration, default="5ms",
+                        help="time past the budget before a revoked lease is reclaimed (default 5ms)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"], help="default info")
 
 
 def config_from_args(args: argparse.Namespace) -> PolicyConfig:
     return PolicyConfig(window_ns=args.window, quantum_min_ns=args.quantum_min,
-                        quantum_max_ns=args.quantum_max, grace_ns=args.grace)
+                        quantum_max_ns=args.quantum_max, grace_ns=args.grace,
+                        budget_ns=args.budget, budget_high_ns=args.budget_high,
+                        revoke_grace_ns=args.revoke_grace)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,10 @@ The handoff (RELEASE in, GRANT out) is the latency that matters, so that path
 is kept lean: epoll rather than zmq.Poller (which rebuilds its poll set and
 converts flags on every call), and a peer's epoll registration changes only
 when its output backs up. What is left costs ~7 us over a relay with no policy
-(bench/handoff_bench.py). The admin socket joins the set through its ZMQ_FD,
+(bench/handoff_bench.py). After every decision the policy is asked whether a
+waiting `high` tenant preempts the holder (a REVOKE frame), and each client is
+told the in-flight budget (a BUDGET frame) before a GRANT whenever it changed
+since it was last told, and at once while it holds the token. The admin socket joins the set through its ZMQ_FD,
 whose readiness only means "look at ZMQ_EVENTS": it is drained until
 ZMQ_EVENTS says no more.
 """
@@ -35,7 +38,7 @@ import zmq
 
 from . import admin, dirlock, state, wire
 from .errors import ErrorCode, PolicyError
-from .policy import Policy, PolicyConfig, validate_quota
+from .policy import NORMAL, Policy, PolicyConfig, validate_priority, validate_quota
 from .wire import MsgType, WireError
 from .zmtp_router import Peer, RouterEndpoint
 
@@ -94,6 +97,8 @@ class Daemon:
         self._admin_fd = -1
         self._lock_fd = -1
         self.idle_poll_ms = IDLE_POLL_MS
+        # The (budget, idle) each client was last told in a BUDGET frame, by (tenant, routing id).
+        self._told_budget: dict[tuple[str, bytes], tuple[int, int]] = {}
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -107,7 +112,7 @@ class Daemon:
         self._lock_fd = dirlock.acquire(self.directory)
         (self.directory / "tenants").mkdir(exist_ok=True)
         for spec in state.load(self.directory, self.gpu):
-            self.policy.add_tenant(spec.name, spec.request, spec.limit)
+            self.policy.add_tenant(spec.name, spec.request, spec.limit, spec.priority)
             self._open_endpoint(spec.name)
         admin_sock = self.context.socket(zmq.REP)
         admin_sock.setsockopt(zmq.LINGER, 0)
@@ -241,6 +246,7 @@ class Daemon:
             endpoint.socket.drop(peer)
             # The process is gone (or broke the protocol): its lease and place in line go too.
             self.policy.client_gone(endpoint.name, peer.identity)
+            self._told_budget.pop((endpoint.name, peer.identity), None)
             return
         backed_up = bool(peer.outbuf)
         if backed_up != peer.watching_output:  # rare: only a peer that stopped reading
@@ -274,6 +280,9 @@ class Daemon:
             elif msg.type == MsgType.RENEW:
                 grant = self.policy.renew(name, client, msg.fields[0], msg.seq)
                 self._send_grant(endpoint, grant.client, grant.lease_id, grant.quantum_ns, msg.seq)
+            elif msg.type == MsgType.REPORT:
+                hits, _reserved, wait_ns = msg.fields
+                self.policy.report(name, hits, wait_ns)
             else:  # PING
                 client_state, lease_id = self.policy.client_state(name, client)
                 self._send(endpoint, client, wire.encode_pong(
@@ -294,6 +303,11 @@ class Daemon:
     def _send_grant(
         self, endpoint: Endpoint, client: bytes, lease_id: int, quantum_ns: int, seq: int
     ) -> bool:
+        budget = (self.policy.budget_ns(endpoint.name), self.policy.idle_ns(endpoint.name))
+        key = (endpoint.name, client)
+        if self._told_budget.get(key) != budget:
+            self._told_budget[key] = budget
+            self._send(endpoint, client, wire.encode_budget(seq, budget[0] // 1000, budget[1] // 1000))
         frame = wire.encode_grant(seq, lease_id, quantum_ns // 1000,
                                   self.policy.config.grace_ns // 1000)
         return self._send(endpoint, client, frame)
@@ -303,9 +317,28 @@ class Daemon:
             endpoint = self._endpoints[grant.tenant]
             if self._send_grant(endpoint, grant.client, grant.lease_id, grant.quantum_ns,
                                 grant.seq):
-                return
+                break
             log.debug("tenant %s: client gone before its grant", grant.tenant)
             self.policy.client_gone(grant.tenant, grant.client)
+        revoke = self.policy.preempt()
+        if revoke is not None:
+            frame = wire.encode_revoke(0, revoke.lease_id, revoke.budget_ns // 1000)
+            log.debug("tenant %s: lease %x revoked", revoke.tenant, revoke.lease_id)
+            if not self._send(self._endpoints[revoke.tenant], revoke.client, frame):
+                self.policy.client_gone(revoke.tenant, revoke.client)
+                self._dispatch()
+
+    def _tell_holder_budget(self) -> None:
+        """The budget changed (a `high` tenant came or went): the holder learns it mid-lease."""
+        lease = self.policy.lease
+        if lease is None:
+            return
+        key = (lease.tenant, lease.client)
+        budget = (self.policy.budget_ns(lease.tenant), self.policy.idle_ns(lease.tenant))
+        if self._told_budget.get(key, budget) != budget:
+            self._told_budget[key] = budget
+            self._send(self._endpoints[lease.tenant], lease.client,
+                       wire.encode_budget(0, budget[0] // 1000, budget[1] // 1000))
 
     # --- admin ---------------------------------------------------------------------
 
@@ -331,59 +364,71 @@ class Daemon:
                 f"requests would sum to {others + request}% > 100%: a request is a guarantee")
 
     def _save(self) -> None:
-        specs = [state.TenantSpec(t.name, t.request, t.limit)
+        specs = [state.TenantSpec(t.name, t.request, t.limit, t.priority)
                  for t in self.policy.tenants.values()]
         state.save(self.directory, self.gpu, specs)
 
-    def add_tenant(self, name: str, request: int, limit: int) -> dict[str, object]:
+    def add_tenant(self, name: str, request: int, limit: int,
+                   priority: str = NORMAL) -> dict[str, object]:
         if not TENANT_NAME.match(name):
             raise AdminRefused(f"bad tenant name {name!r} (letters, digits, _ . -; max 63)")
         if name in self._endpoints:
             raise AdminRefused(f"tenant {name!r} exists (use update)")
         validate_quota(request, limit)
+        validate_priority(priority)
         self._check_total(name, request)
         endpoint = self._open_endpoint(name)
-        self.policy.add_tenant(name, request, limit)
+        self.policy.add_tenant(name, request, limit, priority)
         try:
             self._save()
         except OSError:
             self.policy.remove_tenant(name)
             self._close_endpoint(name)
             raise
-        log.info("tenant %s added: request %d%% limit %d%%", name, request, limit)
+        self._tell_holder_budget()  # a `high` tenant shrinks the others' budgets
+        log.info("tenant %s added: request %d%% limit %d%% priority %s", name, request, limit,
+                 priority)
         return {"tenant": name, "endpoint": endpoint.url, "socket": str(endpoint.path)}
 
-    def update_tenant(self, name: str, request: int | None, limit: int | None) -> dict[str, object]:
+    def update_tenant(self, name: str, request: int | None, limit: int | None,
+                      priority: str | None = None) -> dict[str, object]:
         tenant = self.policy.tenants.get(name)
         if tenant is None:
             raise AdminRefused(f"no tenant {name!r}")
-        old = (tenant.request, tenant.limit)
+        old = (tenant.request, tenant.limit, tenant.priority)
         request = tenant.request if request is None else request
         limit = max(tenant.limit, request) if limit is None else limit
+        priority = tenant.priority if priority is None else priority
         validate_quota(request, limit)
+        validate_priority(priority)
         self._check_total(name, request)
-        self.policy.update_tenant(name, request, limit)
+        self.policy.update_tenant(name, request, limit, priority)
         try:
             self._save()
         except OSError:
             self.policy.update_tenant(name, *old)
             raise
-        log.info("tenant %s updated: request %d%% limit %d%%", name, request, limit)
-        return {"tenant": name, "request": request, "limit": limit}
+        self._tell_holder_budget()
+        self._dispatch()  # a tenant that became `high` while waiting may preempt the holder
+        log.info("tenant %s updated: request %d%% limit %d%% priority %s", name, request, limit,
+                 priority)
+        return {"tenant": name, "request": request, "limit": limit, "priority": priority}
 
     def remove_tenant(self, name: str) -> dict[str, object]:
         if name not in self._endpoints:
             raise AdminRefused(f"no tenant {name!r}")
         self.policy.remove_tenant(name)
         self._close_endpoint(name)
+        self._told_budget = {k: v for k, v in self._told_budget.items() if k[0] != name}
         self._save()
+        self._tell_holder_budget()
         self._dispatch()  # its lease may have been the one in force
         log.info("tenant %s removed", name)
         return {"tenant": name}
 
     def list_tenants(self) -> list[dict[str, object]]:
         return [{"tenant": t.name, "request": t.request, "limit": t.limit,
-                 "endpoint": self._endpoints[t.name].url}
+                 "priority": t.priority, "endpoint": self._endpoints[t.name].url}
                 for t in self.policy.tenants.values()]
 
     def stats(self) -> dict[str, object]:

@@ -10,7 +10,15 @@ Rules (DESIGN.md, token_scheduler):
 - tenants below their request first (largest deficit), none at its limit,
   otherwise least usage first, so the GPU never idles while someone may run;
 - quantum follows each tenant's measured bursts, within bounds;
-- a lease not released by expiry + grace is reclaimed without the holder.
+- a lease not released by expiry + grace is reclaimed without the holder;
+- priority buys latency, never GPU time: a waiting `high` tenant that the
+  rules above would serve before the holder's tenant revokes a `normal`
+  holder's lease at once (`preempt`); the holder has its in-flight budget
+  plus a grace to release before the lease is reclaimed;
+- every holder keeps its launched-but-unfinished work under the in-flight
+  budget (`budget_ns`): small while a `high` tenant it could keep waiting is
+  registered, so that a revocation, or a `high` tenant queued behind another,
+  waits milliseconds.
 """
 
 from __future__ import annotations
@@ -34,6 +42,17 @@ WAIT_BUCKETS_NS = (50_000, 100_000, 250_000, 500_000, 1 * MS, 2_500_000, 5 * MS,
                    50 * MS, 100 * MS, 250 * MS, 500 * MS, 1 * SECOND, 2_500_000_000, 5 * SECOND)
 ClientId = bytes
 
+NORMAL = "normal"
+HIGH = "high"
+PRIORITIES = (HIGH, NORMAL)
+
+
+def validate_priority(priority: object) -> str:
+    """The priority classes are `high` (latency-sensitive) and `normal` (the default)."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
+    return str(priority)
+
 
 @dataclass(frozen=True)
 class PolicyConfig:
@@ -41,6 +60,17 @@ class PolicyConfig:
     quantum_min_ns: int = 1 * MS
     quantum_max_ns: int = 50 * MS
     grace_ns: int = 10 * MS
+    # In-flight budget: launched-but-unfinished GPU work a holder may have. Small while a
+    # `high` tenant is registered (revocation waits for at most that much); otherwise large
+    # enough that the client's completion checkpoints cost < 1 %, and at most a quarter quantum.
+    budget_ns: int = 10 * MS
+    budget_high_ns: int = 1 * MS
+    revoke_grace_ns: int = 5 * MS  # past the budget, a revoked lease is reclaimed
+    # How long a holder whose work completed waits for its next launch before it gives the
+    # token back. Short for `high` tenants: others wait meanwhile, and the `high` tenant gets
+    # the token back within its budget when it needs it again.
+    idle_ns: int = 1 * MS
+    idle_high_ns: int = 200_000
     max_waiting_per_tenant: int = 1024
     wait_samples: int = 4096  # recent waits kept per tenant for percentiles
     expired_memory: int = 64  # recently expired leases kept per tenant for late releases
@@ -52,8 +82,15 @@ class PolicyConfig:
             raise ValueError("need 0 < quantum_min <= quantum_max")
         if self.quantum_max_ns > self.window_ns:
             raise ValueError("quantum_max must not exceed the window")
-        if self.grace_ns < 0:
+        if self.grace_ns < 0 or self.revoke_grace_ns < 0 or self.idle_ns < 0 or self.idle_high_ns < 0:
             raise ValueError("grace must be >= 0")
+        if not 0 < self.budget_high_ns <= self.budget_ns:
+            raise ValueError("need 0 < budget-high <= budget")
+
+    @property
+    def normal_budget_ns(self) -> int:
+        """The budget with no `high` tenant: never more than a quarter of the longest lease."""
+        return max(self.budget_high_ns, min(self.budget_ns, self.quantum_max_ns // 4))
 
 
 def validate_quota(request: int, limit: int) -> None:
@@ -132,6 +169,16 @@ class Waiter:
     since: int
     predicted_ns: int
     seq: int
+    preempted: bool = False  # a lease was revoked for it: its wait is a revocation latency
+
+
+class Revoke(NamedTuple):
+    """Tell the holder `client` to end lease `lease_id` within `budget_ns` (a REVOKE frame)."""
+
+    tenant: str
+    client: ClientId
+    lease_id: int
+    budget_ns: int
 
 
 class Grant(NamedTuple):
@@ -161,6 +208,8 @@ class Lease:
     granted_at: int  # start of the hold (first grant; renewals keep it)
     expires_at: int
     quantum_ns: int
+    reclaim_at: int  # without a RELEASE by then the token is taken back
+    revoked_at: int = 0  # 0: not revoked
 
 
 @dataclass
@@ -180,7 +229,13 @@ class TenantStats:
     overruns: int = 0
     overrun_ns: int = 0
     errors: int = 0
+    revocations: int = 0  # leases of this tenant revoked for a `high` one
+    revoke_reclaims: int = 0  # ... and reclaimed because no RELEASE came in time
+    budget_hits: int = 0  # launches that waited for in-flight work (client REPORTs)
+    budget_wait_ns: int = 0
     waits_ns: deque[int] = field(default_factory=deque)
+    # Waits of grants that followed a revocation made for this tenant (request -> grant).
+    preempt_waits_ns: deque[int] = field(default_factory=deque)
     # Every wait since the tenant was added, bucketed (last slot: +Inf), and their sum.
     wait_buckets: list[int] = field(default_factory=lambda: [0] * (len(WAIT_BUCKETS_NS) + 1))
     wait_sum_ns: int = 0
@@ -193,6 +248,7 @@ class Tenant:
     limit: int
     burst_ns: float
     added_at: int
+    priority: str = NORMAL
     # Overrun (hold past the quantum) of the last few leases, to shorten the next one.
     recent_overruns_ns: deque[int] = field(default_factory=lambda: deque(maxlen=OVERRUN_MEMORY))
     usage: UsageWindow = field(default_factory=UsageWindow)
@@ -222,28 +278,53 @@ class Policy:
         self.lease: Lease | None = None
         self._next_lease = 1
         self._recheck_at: int | None = None  # when a tenant blocked at its limit may run
+        self._high: dict[str, Tenant] = {}  # the `high` tenants, checked on every dispatch
 
     # --- tenants ------------------------------------------------------------
 
-    def add_tenant(self, name: str, request: int, limit: int) -> None:
+    def add_tenant(self, name: str, request: int, limit: int, priority: str = NORMAL) -> None:
         validate_quota(request, limit)
+        validate_priority(priority)
         if name in self.tenants:
             raise ValueError(f"tenant {name!r} exists")
         initial = max(self.config.quantum_min_ns, self.config.quantum_max_ns // 5)
-        self.tenants[name] = Tenant(name, request, limit, float(initial), self.clock())
+        self.tenants[name] = Tenant(name, request, limit, float(initial), self.clock(), priority)
+        self._update_budget()
 
-    def update_tenant(self, name: str, request: int, limit: int) -> None:
+    def update_tenant(self, name: str, request: int, limit: int, priority: str | None = None) -> None:
         """Live quota change: used by the next decision, history is kept."""
         validate_quota(request, limit)
+        if priority is not None:
+            validate_priority(priority)
         tenant = self._tenant(name)
         tenant.request, tenant.limit = request, limit
+        if priority is not None:
+            tenant.priority = priority
         self._recheck_at = None
+        self._update_budget()
 
     def remove_tenant(self, name: str) -> None:
         self._tenant(name)
         if self.lease is not None and self.lease.tenant == name:
             self.lease = None
         del self.tenants[name]
+        self._update_budget()
+
+    def _update_budget(self) -> None:
+        self._high = {t.name: t for t in self.tenants.values() if t.priority == HIGH}
+
+    def budget_ns(self, tenant_name: str) -> int:
+        """In-flight budget of the tenant's holders: small while a `high` tenant could
+        wait for their work (any other `high` tenant: a `normal` holder is revoked for
+        it, a `high` holder is queued behind), else the normal budget."""
+        tenant = self.tenants.get(tenant_name)
+        own = 1 if tenant is not None and tenant.priority == HIGH else 0
+        return self.config.budget_high_ns if len(self._high) > own else self.config.normal_budget_ns
+
+    def idle_ns(self, tenant_name: str) -> int:
+        """How long the tenant's holders wait for their next launch before releasing."""
+        tenant = self.tenants.get(tenant_name)
+        return self.config.idle_high_ns if tenant is not None and tenant.priority == HIGH else self.config.idle_ns
 
     def _tenant(self, name: str) -> Tenant:
         tenant = self.tenants.get(name)
@@ -293,7 +374,8 @@ class Policy:
             # Charge what the scheduler saw: an idle holder still blocked others.
             tenant.usage.add(lease.granted_at, now)
             self._note_overrun(tenant, held, lease.quantum_ns)
-            self._learn_burst(tenant, held, lease.quantum_ns, more)
+            if not lease.revoked_at:  # a revoked hold was cut short: it says nothing of the burst
+                self._learn_burst(tenant, held, lease.quantum_ns, more)
             self.lease = None
         else:
             late = tenant.expired.get(lease_id)
@@ -323,11 +405,12 @@ class Policy:
                 raise PolicyError(ErrorCode.LEASE_EXPIRED, "lease already reclaimed", lease_id)
             raise PolicyError(ErrorCode.STALE_LEASE, "unknown lease", ref=lease_id)
         at_limit = self._usage(tenant, now) > self._share_ns(tenant, tenant.limit, now)
-        if at_limit or self._someone_else_may_run(tenant_name, now):
+        if at_limit or lease.revoked_at or self._someone_else_may_run(tenant_name, now):
             tenant.stats.renew_denied += 1
             raise PolicyError(ErrorCode.RENEW_DENIED, "others waiting or at limit", lease_id)
         quantum = self._quantum(tenant, 0)
         lease.expires_at = now + quantum
+        lease.reclaim_at = lease.expires_at + self.config.grace_ns
         lease.quantum_ns = quantum
         tenant.stats.renewals += 1
         return Grant(tenant_name, client, lease_id, quantum, now, seq, renewal=True)
@@ -358,13 +441,19 @@ class Policy:
         if tenant is not None:
             tenant.stats.errors += 1
 
+    def report(self, tenant_name: str, budget_hits: int, budget_wait_ns: int) -> None:
+        """A client's in-flight budget counters since its previous REPORT."""
+        stats = self._tenant(tenant_name).stats
+        stats.budget_hits += budget_hits
+        stats.budget_wait_ns += budget_wait_ns
+
     # --- decisions --------------------------------------------------------------
 
     def next_deadline(self) -> int | None:
         """When `dispatch` must run next even if no message arrives."""
         deadlines = []
         if self.lease is not None:
-            deadlines.append(self.lease.expires_at + self.config.grace_ns)
+            deadlines.append(self.lease.reclaim_at)
         elif self._recheck_at is not None:
             deadlines.append(self._recheck_at)
         return min(deadlines) if deadlines else None
@@ -374,7 +463,7 @@ class Policy:
         now = self.clock()
         lease = self.lease
         if lease is not None:
-            if now < lease.expires_at + self.config.grace_ns:
+            if now < lease.reclaim_at:
                 return None
             self._expire(lease, now)
         self._recheck_at = None
@@ -393,7 +482,10 @@ class Policy:
                 continue
             oldest = next(iter(tenant.waiting.values())).since
             deficit = tenant.request * span // 100 - used
-            key = (0, -deficit, oldest) if deficit > 0 else (1, used, oldest)
+            # Below request first (`high` before `normal`), largest deficit first; then the
+            # least used, whatever its class: priority orders guarantees, it never buys time.
+            tier = (0 if tenant.priority == HIGH else 1) if deficit > 0 else 2
+            key = (tier, -deficit, oldest) if deficit > 0 else (tier, used, oldest)
             if best is None or key < best[0]:
                 best = (key, tenant)
         if best is None:
@@ -404,16 +496,63 @@ class Policy:
         quantum = self._quantum(tenant, waiter.predicted_ns)
         lease_id = (self.epoch << 32) | self._next_lease
         self._next_lease = self._next_lease % 0xFFFFFFFF + 1
-        self.lease = Lease(tenant.name, client, lease_id, now, now + quantum, quantum)
+        self.lease = Lease(tenant.name, client, lease_id, now, now + quantum, quantum,
+                           now + quantum + self.config.grace_ns)
         stats = tenant.stats
         stats.grants += 1
         waited = now - waiter.since
         stats.waits_ns.append(waited)
         if len(stats.waits_ns) > self.config.wait_samples:
             stats.waits_ns.popleft()
+        if waiter.preempted:
+            stats.preempt_waits_ns.append(waited)
+            if len(stats.preempt_waits_ns) > self.config.wait_samples:
+                stats.preempt_waits_ns.popleft()
         stats.wait_buckets[bisect_left(WAIT_BUCKETS_NS, waited)] += 1
         stats.wait_sum_ns += waited
         return Grant(tenant.name, client, lease_id, quantum, now, waiter.seq)
+
+    def preempt(self) -> Revoke | None:
+        """Revoke a `normal` holder's lease if a waiting `high` tenant comes first.
+
+        "Comes first" is the order `dispatch` uses (below request, `high` first,
+        largest deficit; then least used), with the holder's tenant ranked as if it
+        waited, its lease in force counted: so a revocation never takes a tenant
+        below its request for a `high` one above its own. A `high` holder is never
+        revoked; a `high` tenant at its limit revokes nobody."""
+        lease = self.lease
+        if lease is None or lease.revoked_at or not self._high:
+            return None
+        holder = self.tenants[lease.tenant]
+        if holder.priority == HIGH:
+            return None
+        now = self.clock()
+        window = self.config.window_ns
+        best: tuple[int, int] | None = None
+        best_tenant: Tenant | None = None
+        for tenant in self._high.values():
+            if not tenant.waiting:
+                continue
+            used = tenant.usage.usage(now, window)
+            span = self._span(tenant, now)
+            if used * 100 > tenant.limit * span:
+                continue
+            deficit = tenant.request * span // 100 - used
+            key = (0, -deficit) if deficit > 0 else (2, used)
+            if best is None or key < best:
+                best, best_tenant = key, tenant
+        if best is None or best_tenant is None:
+            return None
+        used = self._usage(holder, now)
+        deficit = holder.request * self._span(holder, now) // 100 - used
+        if best >= ((1, -deficit) if deficit > 0 else (2, used)):
+            return None
+        budget = self.budget_ns(holder.name)
+        lease.revoked_at = now
+        lease.reclaim_at = min(lease.reclaim_at, now + budget + self.config.revoke_grace_ns)
+        holder.stats.revocations += 1
+        next(iter(best_tenant.waiting.values())).preempted = True
+        return Revoke(holder.name, lease.client, lease.lease_id, budget)
 
     # --- helpers ---------------------------------------------------------------
 
@@ -456,7 +595,7 @@ class Policy:
         held = tenant.usage.lifetime_ns
         lease = self.lease
         if lease is not None and lease.tenant == tenant.name:
-            held += max(0, min(now, lease.expires_at + self.config.grace_ns) - lease.granted_at)
+            held += max(0, min(now, lease.reclaim_at) - lease.granted_at)
         return held
 
     def _someone_else_may_run(self, holder: str, now: int) -> bool:
@@ -496,9 +635,11 @@ class Policy:
 
     def _expire(self, lease: Lease, now: int) -> None:
         tenant = self.tenants[lease.tenant]
-        end = min(now, lease.expires_at + self.config.grace_ns)
+        end = min(now, lease.reclaim_at)
         tenant.usage.add(lease.granted_at, end)
         tenant.stats.expiries += 1
+        if lease.revoked_at:
+            tenant.stats.revoke_reclaims += 1
         self._learn_burst(tenant, lease.quantum_ns, lease.quantum_ns, True)
         tenant.expired[lease.lease_id] = ExpiredLease(
             lease.client, lease.granted_at, end - lease.granted_at, lease.quantum_ns
@@ -517,10 +658,13 @@ class Policy:
             used = self._usage(tenant, now)
             span = self._span(tenant, now)
             waits = sorted(tenant.stats.waits_ns)
+            preempt_waits = sorted(tenant.stats.preempt_waits_ns)
             s = tenant.stats
             tenants[tenant.name] = {
                 "request": tenant.request,
                 "limit": tenant.limit,
+                "priority": tenant.priority,
+                "budget_us": self.budget_ns(tenant.name) / 1000,
                 "share": used / span,
                 "usage_ms": used / MS,
                 "held_ms_total": self.held_total_ns(tenant, now) / MS,
@@ -544,6 +688,16 @@ class Policy:
                 "overruns": s.overruns,
                 "overrun_ms": s.overrun_ns / MS,
                 "expiries": s.expiries,
+                "revocations": s.revocations,
+                "revoke_reclaims": s.revoke_reclaims,
+                "preempt_wait_us": {
+                    "p50": percentile(preempt_waits, 0.50) / 1000,
+                    "p99": percentile(preempt_waits, 0.99) / 1000,
+                    "max": (preempt_waits[-1] if preempt_waits else 0) / 1000,
+                    "samples": len(preempt_waits),
+                },
+                "budget_hits": s.budget_hits,
+                "budget_wait_ms": s.budget_wait_ns / MS,
                 "errors": s.errors,
                 "burst_ms": tenant.burst_ns / MS,
             }
@@ -551,6 +705,6 @@ class Policy:
         holder = None
         if lease is not None:
             holder = {"tenant": lease.tenant, "lease_id": lease.lease_id,
-                      "held_ms": (now - lease.granted_at) / MS}
+                      "held_ms": (now - lease.granted_at) / MS, "revoked": bool(lease.revoked_at)}
         return {"window_s": window / SECOND, "epoch": self.epoch, "holder": holder,
                 "tenants": tenants}

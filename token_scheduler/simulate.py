@@ -2,8 +2,9 @@
 
 Used by the property tests and by bench/scheduler_bench.py's share table:
 each simulated process behaves like the libvcuda token client (request,
-hold for its burst or its quantum, release with held time, re-request).
-Handoffs cost `handoff_ns` of idle GPU time (0 = ideal).
+hold for its burst or its quantum, release with held time, re-request; on a
+revocation, release after draining at most `drain_ns` of its work, asking
+again if it has more). Handoffs cost `handoff_ns` of idle GPU time (0 = ideal).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class SimTenant:
     active_from: int = 0
     active_until: int | None = None
     overrun_ns: int = 0  # extra GPU time after each cut-short quantum
+    priority: str = "normal"
+    drain_ns: int = 0  # in-flight work left when its lease is revoked
 
 
 @dataclass
@@ -85,13 +88,14 @@ class Simulation:
         self.handoff_ns = handoff_ns
         self.keep_grants = keep_grants
         self.result = SimResult(0)
-        self._events: list[tuple[int, int, str, _Proc]] = []
+        # (at, seq, kind, process, lease id the event ends; 0 for a wake)
+        self._events: list[tuple[int, int, str, _Proc, int]] = []
         self._seq = 0
         self._waiting_since: dict[bytes, int] = {}
         self._holders: dict[bytes, Grant] = {}
         self._procs: dict[bytes, _Proc] = {}
         for spec in tenants:
-            self.policy.add_tenant(spec.name, spec.request, spec.limit)
+            self.policy.add_tenant(spec.name, spec.request, spec.limit, spec.priority)
             self.result.hold[spec.name] = []
             self.result.max_wait_ns[spec.name] = 0
             for index in range(spec.processes):
@@ -99,9 +103,9 @@ class Simulation:
                 self._procs[proc.client] = proc
                 self._push(spec.active_from, "wake", proc)
 
-    def _push(self, at: int, kind: str, proc: _Proc) -> None:
+    def _push(self, at: int, kind: str, proc: _Proc, lease_id: int = 0) -> None:
         self._seq += 1
-        heapq.heappush(self._events, (at, self._seq, kind, proc))
+        heapq.heappush(self._events, (at, self._seq, kind, proc, lease_id))
 
     def _wake(self, proc: _Proc) -> None:
         spec = proc.tenant
@@ -143,7 +147,7 @@ class Simulation:
         work = min(proc.remaining, grant.quantum_ns)
         if proc.remaining > grant.quantum_ns:
             work += proc.tenant.overrun_ns  # its last kernel runs past the quantum
-        self._push(self.clock.now + work, "done", proc)
+        self._push(self.clock.now + work, "done", proc, grant.lease_id)
 
     def run(self, until: int) -> SimResult:
         """Advance the simulation to `until` (ns of fake time)."""
@@ -152,6 +156,12 @@ class Simulation:
             if grant is not None:
                 self._start(grant)
                 continue
+            revoke = self.policy.preempt()
+            if revoke is not None:  # the holder stops launching and releases once drained
+                proc = self._procs[revoke.client]
+                work_left = min(proc.remaining - (self.clock.now - self._holders[proc.client].granted_at),
+                                proc.tenant.drain_ns)
+                self._push(self.clock.now + max(0, work_left), "done", proc, revoke.lease_id)
             at = self._events[0][0] if self._events else None
             deadline = self.policy.next_deadline()
             if deadline is not None and (at is None or deadline < at):
@@ -162,10 +172,10 @@ class Simulation:
                 return self.result
             self.clock.set(at)
             while self._events and self._events[0][0] <= self.clock.now:
-                _, _, kind, proc = heapq.heappop(self._events)
+                _, _, kind, proc, lease_id = heapq.heappop(self._events)
                 if kind == "wake":
                     self._wake(proc)
-                elif proc.client in self._holders:
+                elif proc.client in self._holders and self._holders[proc.client].lease_id == lease_id:
                     self._finish(proc, self._holders[proc.client])
                     if self.handoff_ns:
                         self.clock.advance(self.handoff_ns)

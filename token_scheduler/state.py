@@ -12,6 +12,8 @@ from pathlib import Path
 
 from py_vcuda.files import write_atomic
 
+from .policy import NORMAL, validate_priority
+
 STATE_FILE = "tenants.json"
 FORMAT = 1
 
@@ -21,6 +23,7 @@ class TenantSpec:
     name: str
     request: int
     limit: int
+    priority: str = NORMAL
 
 
 class StateError(Exception):
@@ -31,7 +34,8 @@ def save(directory: Path, gpu: str, tenants: list[TenantSpec]) -> None:
     doc = {
         "format": FORMAT,
         "gpu": gpu,
-        "tenants": [{"name": t.name, "request": t.request, "limit": t.limit} for t in tenants],
+        "tenants": [{"name": t.name, "request": t.request, "limit": t.limit,
+                     "priority": t.priority} for t in tenants],
     }
     write_atomic(directory / STATE_FILE, json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n", 0o600)
 
@@ -49,7 +53,9 @@ def load(directory: Path, gpu: str) -> list[TenantSpec]:
             raise StateError(f"{path}: unknown format {doc.get('format')!r}")
         if doc.get("gpu") != gpu:
             raise StateError(f"{path} belongs to GPU {doc.get('gpu')!r}, not {gpu!r}")
-        return [TenantSpec(str(t["name"]), int(t["request"]), int(t["limit"]))
+        # `priority` came later within format 1: a list without it is all `normal`.
+        return [TenantSpec(str(t["name"]), int(t["request"]), int(t["limit"]),
+                           validate_priority(t.get("priority", NORMAL)))
                 for t in doc["tenants"]]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StateError(f"{path}: unreadable tenant list: {exc}") from exc

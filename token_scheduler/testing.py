@@ -49,6 +49,7 @@ class TenantClient:
         self.sock.connect(endpoint)
         self.seq = 0
         self.epoch: int | None = None
+        self.budget_us: int | None = None  # the last in-flight budget the scheduler sent
 
     def close(self) -> None:
         self.sock.close(0)
@@ -72,11 +73,23 @@ class TenantClient:
     def ping(self, nonce: int = 0) -> None:
         self.sock.send(wire.encode_ping(self._next_seq(), nonce))
 
-    def recv(self, timeout_ms: int) -> Message | None:
-        """The next server frame, or None after timeout_ms."""
-        if not self.sock.poll(timeout_ms):
-            return None
-        return wire.decode_server(self.sock.recv())
+    def report(self, budget_hits: int, budget_wait_ns: int) -> None:
+        self.sock.send(wire.encode_report(self._next_seq(), budget_hits, budget_wait_ns))
+
+    def recv(self, timeout_ms: int, keep_budget: bool = False) -> Message | None:
+        """The next server frame, or None after timeout_ms. BUDGET frames are noted in
+        `budget_us` and skipped unless `keep_budget`."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            left_ms = max(0, round((deadline - time.monotonic()) * 1000))
+            if not self.sock.poll(left_ms):
+                return None
+            msg = wire.decode_server(self.sock.recv())
+            if msg.type == MsgType.BUDGET:
+                self.budget_us = msg.fields[0]
+                if not keep_budget:
+                    continue
+            return msg
 
     def expect(self, msg_type: MsgType, timeout_ms: int = 2000) -> Message:
         msg = self.recv(timeout_ms)

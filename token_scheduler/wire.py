@@ -31,6 +31,9 @@ class MsgType(IntEnum):
     ERROR = 5
     PING = 6
     PONG = 7
+    REVOKE = 8
+    BUDGET = 9
+    REPORT = 10
 
 
 class ClientState(IntEnum):
@@ -48,13 +51,23 @@ RENEW_BODY = struct.Struct("<QQ")  # lease_id, held_ns
 ERROR_BODY = struct.Struct("<HHIQ")  # code, text_len, reserved, ref  (+ text)
 PING_BODY = struct.Struct("<Q")  # nonce
 PONG_BODY = struct.Struct("<QIBxxxQ")  # nonce, epoch, state, 3 pad, lease_id
+REVOKE_BODY = struct.Struct("<QII")  # lease_id, budget_us, reserved
+BUDGET_BODY = struct.Struct("<II")  # budget_us, idle_us
+REPORT_BODY = struct.Struct("<IIQ")  # budget_hits, reserved, budget_wait_ns
 
 # Client-to-server types and their exact bodies. Keyed by the plain int so that
 # decoding (on every handoff) looks the member up instead of constructing it.
 _CLIENT_BODIES: dict[int, tuple[MsgType, struct.Struct]] = {
     int(t): (t, body)
     for t, body in ((MsgType.REQUEST, REQUEST_BODY), (MsgType.RELEASE, RELEASE_BODY),
-                    (MsgType.RENEW, RENEW_BODY), (MsgType.PING, PING_BODY))
+                    (MsgType.RENEW, RENEW_BODY), (MsgType.PING, PING_BODY),
+                    (MsgType.REPORT, REPORT_BODY))
+}
+# Server-to-client types of fixed size (ERROR has a text tail and is decoded apart).
+_SERVER_BODIES: dict[int, tuple[MsgType, struct.Struct]] = {
+    int(t): (t, body)
+    for t, body in ((MsgType.GRANT, GRANT_BODY), (MsgType.PONG, PONG_BODY),
+                    (MsgType.REVOKE, REVOKE_BODY), (MsgType.BUDGET, BUDGET_BODY))
 }
 
 
@@ -104,7 +117,7 @@ def _decode_header(frame: bytes) -> tuple[int, int, int, int]:
 
 
 def decode_client(frame: bytes) -> Message:
-    """Decode a client-to-server frame (REQUEST, RELEASE, RENEW, PING)."""
+    """Decode a client-to-server frame (REQUEST, RELEASE, RENEW, PING, REPORT)."""
     msg_type, flags, seq, body_len = _decode_header(frame)
     known = _CLIENT_BODIES.get(msg_type)
     if known is None:
@@ -120,12 +133,11 @@ def decode_client(frame: bytes) -> Message:
 
 
 def decode_server(frame: bytes) -> Message:
-    """Decode a server-to-client frame (GRANT, ERROR, PONG); used by clients."""
+    """Decode a server-to-client frame (GRANT, ERROR, PONG, REVOKE, BUDGET); used by clients."""
     msg_type, flags, seq, body_len = _decode_header(frame)
-    if msg_type == MsgType.GRANT and body_len == GRANT_BODY.size:
-        return Message(MsgType.GRANT, flags, seq, GRANT_BODY.unpack_from(frame, HEADER_SIZE))
-    if msg_type == MsgType.PONG and body_len == PONG_BODY.size:
-        return Message(MsgType.PONG, flags, seq, PONG_BODY.unpack_from(frame, HEADER_SIZE))
+    known = _SERVER_BODIES.get(msg_type)
+    if known is not None and body_len == known[1].size:
+        return Message(known[0], flags, seq, known[1].unpack_from(frame, HEADER_SIZE))
     if msg_type == MsgType.ERROR and body_len >= ERROR_BODY.size:
         code, text_len, _reserved, ref = ERROR_BODY.unpack_from(frame, HEADER_SIZE)
         if body_len == ERROR_BODY.size + text_len:
@@ -169,6 +181,24 @@ def encode_error(seq: int, code: ErrorCode, text: str, ref: int = 0) -> bytes:
 
 def encode_ping(seq: int, nonce: int) -> bytes:
     return _header(MsgType.PING, 0, seq, PING_BODY.size) + PING_BODY.pack(nonce)
+
+
+def encode_revoke(seq: int, lease_id: int, budget_us: int) -> bytes:
+    return _header(MsgType.REVOKE, 0, seq, REVOKE_BODY.size) + REVOKE_BODY.pack(
+        lease_id, min(budget_us, 0xFFFFFFFF), 0
+    )
+
+
+def encode_budget(seq: int, budget_us: int, idle_us: int) -> bytes:
+    return _header(MsgType.BUDGET, 0, seq, BUDGET_BODY.size) + BUDGET_BODY.pack(
+        min(budget_us, 0xFFFFFFFF), min(idle_us, 0xFFFFFFFF)
+    )
+
+
+def encode_report(seq: int, budget_hits: int, budget_wait_ns: int) -> bytes:
+    return _header(MsgType.REPORT, 0, seq, REPORT_BODY.size) + REPORT_BODY.pack(
+        budget_hits & 0xFFFFFFFF, 0, budget_wait_ns & 0xFFFFFFFFFFFFFFFF
+    )
 
 
 def encode_pong(seq: int, nonce: int, epoch: int, state: ClientState, lease_id: int) -> bytes:

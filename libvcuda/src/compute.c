@@ -1,24 +1,45 @@
-/* The token clients (token_scheduler/PROTOCOL.md, "Client state machine").
+/* The token clients (token_scheduler/PROTOCOL.md, "Client state machine")
+ * and the in-flight budget.
  *
  * One client per visible device with a scheduler, each with its own thread,
  * connection and gate: a process using two GPUs holds two independent tokens.
  * Launchers that find their gate closed wait on that client's condition
- * variable (compute.h); the thread asks for
- * the token, opens the gate on GRANT and, while holding, wakes every
- * idle-check interval: a process that launched nothing since the last check
- * and has no work left gives the token back at once; at the end of the
- * quantum the gate closes, the thread waits for the process's own GPU work
- * and releases with the real hold time (overrun included), asking again at
- * once (MORE) when launchers are waiting. A process blocked in a synchronize
- * launches nothing but is not idle: the idle check closes the gate, lets the
- * process's work finish and keeps the token if a launcher arrives within a
- * short grace (it is woken the moment one does). */
+ * variable and wake its thread (an eventfd); the thread asks for the token,
+ * opens the gate on GRANT and, while holding, waits on the scheduler's socket
+ * until the next idle check: a process that launched nothing since the last
+ * check and has no work left gives the token back at once; at the end of the
+ * quantum, or at once on REVOKE, the gate closes, the thread waits for the
+ * process's own GPU work and releases with the real hold time (overrun
+ * included), asking again at once (MORE) when launchers are waiting. A
+ * process blocked in a synchronize launches nothing but is not idle: the idle
+ * check closes the gate, lets the process's work finish and keeps the token
+ * if a launcher arrives within a short grace (it is woken the moment one
+ * does).
+ *
+ * In-flight budget ("flight"): while a lease is held, every K-th launch of a
+ * thread records a checkpoint event on its stream. Checkpoints complete in
+ * order; the GPU time of one launch is measured between two of them
+ * (cuEventElapsedTime) when the later one was queued behind the earlier, so
+ * the GPU ran them back to back; across an idle gap the figure is only an
+ * upper bound, used for K until a back-to-back one comes. The launcher then
+ * waits while the work still in flight, estimated from the pending
+ * checkpoints and how long the oldest has been running, leaves no room for
+ * its next K launches under the budget: blocking on the oldest checkpoint
+ * when even without it there would be too much, else sleeping until the
+ * oldest is about to finish, so the GPU never runs dry waiting for us. The
+ * bound is max(budget, K launches + FLIGHT_LEAD_NS): a single kernel longer
+ * than the budget cannot be cut. */
 #include "compute.h"
 
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,14 +51,54 @@
 
 struct vcuda_gate vcuda_gates[VCUDA_MAX_DEVICES];
 __thread struct vcuda_gate *vcuda_thread_gate __attribute__((tls_model("initial-exec"))) = &vcuda_gates[0];
+__thread int vcuda_thread_countdown __attribute__((tls_model("initial-exec")));
 
-enum { MSG_REQUEST = 1, MSG_GRANT = 2, MSG_RELEASE = 3, MSG_ERROR = 5 };
+enum { MSG_REQUEST = 1, MSG_GRANT = 2, MSG_RELEASE = 3, MSG_ERROR = 5, MSG_REVOKE = 8, MSG_BUDGET = 9, MSG_REPORT = 10 };
 enum { FLAG_MORE = 1 };
 enum { ERR_STALE_LEASE = 5, ERR_LEASE_EXPIRED = 6, ERR_TENANT_REMOVED = 9 };
 #define HEADER_LEN 16
 #define IDLE_CHECK_MIN_NS 1000000ull /* 1 ms */
-#define IDLE_GRACE_NS 1000000ull     /* after its work completed, a busy process launches within this */
+#define IDLE_GRACE_NS 1000000ull     /* after its work completed, a busy process launches within this
+                                      * (until the scheduler says otherwise: BUDGET idle_us) */
 #define CONNECT_TIMEOUT_MS 1000
+#define DEFAULT_BUDGET_NS 10000000ull /* until the scheduler sends one (its default) */
+#define UNCHECKED (INT_MAX / 2)       /* countdown where no budget applies: no scheduler, no lease */
+#define FLIGHT_RING 16                /* checkpoints tracked at once */
+#define FLIGHT_MAX_K 256              /* launches between checkpoints at most: budget changes apply soon */
+#define FLIGHT_MAX_K_UNSURE 64        /* ... while only upper bounds of the time per launch are known */
+#define FLIGHT_LEAD_NS 100000ull      /* issue the next launch this long before the GPU would run dry */
+#define FLIGHT_POLL_NS 500000ull      /* a wait on an estimate looks at the checkpoints again this often */
+#define CLIENT_TIMER_SLACK_NS 1000    /* the client thread's sleeps end within 1 us, not the default 50 */
+
+/* A completion checkpoint: an event recorded after a segment of launches. */
+struct checkpoint {
+    CUevent event;
+    uint32_t launches;    /* launches of the segment it ends */
+    bool backlogged;      /* the previous one was pending when it was recorded: its segment ran
+                           * back to back, so the time between the two is GPU time, no idle gap */
+};
+
+/* In-flight state of one device, shared by the launching threads (flight.lock). */
+struct flight {
+    pthread_mutex_t lock;
+    bool active;                           /* a lease is held: the budget applies */
+    uint32_t gen;                          /* bumped at every lease start and end */
+    uint64_t budget_ns;
+    CUcontext ctx;                         /* the events' context */
+    CUevent spare[FLIGHT_RING + 2];
+    int nspare;
+    struct checkpoint ring[FLIGHT_RING];   /* pending (not seen complete), oldest first */
+    int head, count;
+    struct checkpoint done;                /* the newest completed checkpoint of this lease */
+    bool have_done;
+    uint64_t done_seen_ns;                 /* when we saw it complete (its successor started after) */
+    uint64_t launch_ns;                    /* measured GPU time per launch; 0: not yet */
+    uint64_t launch_bound_ns;              /* an upper bound of it, from segments with idle gaps; 0: none */
+    _Atomic int k;                         /* launches between checkpoints */
+    _Atomic int waiting;                   /* threads waiting for room: the process is busy, not idle */
+    uint32_t hits;                         /* checkpoints that had to wait, since the last REPORT */
+    uint64_t wait_ns;
+};
 
 struct token_client {
     int device;             /* visible device index; its gate is vcuda_gates[device] */
@@ -45,7 +106,7 @@ struct token_client {
     const char *endpoint;   /* VCUDA_SCHEDULER_<device> or VCUDA_SCHEDULER */
     pthread_mutex_t lock;
     pthread_cond_t opened;  /* launchers wait here */
-    pthread_cond_t wanted;  /* the client thread waits here while idle */
+    int wake_fd;            /* eventfd: a launcher started waiting (wakes the client thread) */
     bool started;
     int waiters;            /* launchers blocked on the gate */
     bool unthrottled;       /* scheduler lost under VCUDA_ON_SCHEDULER_LOSS=run */
@@ -53,6 +114,8 @@ struct token_client {
     uint32_t seq;
     uint64_t burst_ns;      /* EWMA of hold times, sent as the predicted burst */
     uint64_t drain_ns;      /* EWMA of how long the process's queued work takes to finish */
+    uint64_t idle_grace_ns; /* client thread only */
+    struct flight flight;
 };
 static struct token_client clients[VCUDA_MAX_DEVICES];
 
@@ -62,8 +125,12 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+static struct timespec to_timespec(uint64_t ns) {
+    return (struct timespec){.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
+}
+
 static void sleep_until(uint64_t t) {
-    struct timespec ts = {.tv_sec = (time_t)(t / 1000000000ull), .tv_nsec = (long)(t % 1000000000ull)};
+    struct timespec ts = to_timespec(t);
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {
     }
 }
@@ -73,6 +140,8 @@ static void put64(unsigned char *p, uint64_t v) { for (int i = 0; i < 8; i++) p[
 static uint32_t get32(const unsigned char *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
 static uint64_t get64(const unsigned char *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
 
+/* Every client frame has a 16-byte body: REQUEST and REPORT start with two
+ * 32-bit fields (`a`, 0), the others with a 64-bit one; `b` is the last 8 bytes. */
 static int send_msg(struct token_client *c, int type, int flags, uint64_t a, uint64_t b) {
     unsigned char frame[HEADER_LEN + 16];
     memcpy(frame, "VCTS", 4);
@@ -82,21 +151,255 @@ static int send_msg(struct token_client *c, int type, int flags, uint64_t a, uin
     frame[7] = 0;
     put32(frame + 8, ++c->seq);
     put32(frame + 12, 16);
-    if (type == MSG_REQUEST) {
-        put32(frame + 16, (uint32_t)getpid());
+    if (type == MSG_REQUEST || type == MSG_REPORT) {
+        put32(frame + 16, (uint32_t)a);
         put32(frame + 20, 0);
-        put64(frame + 24, b);
     } else {
         put64(frame + 16, a);
-        put64(frame + 24, b);
     }
+    put64(frame + 24, b);
     return vcuda_zmtp_send(&c->conn, frame, sizeof frame);
+}
+
+static int send_request(struct token_client *c) {
+    return send_msg(c, MSG_REQUEST, 0, (uint64_t)getpid(), c->burst_ns / 1000);
 }
 
 /* Connects if needed; false when the scheduler cannot be reached now. */
 static bool connected(struct token_client *c) {
     if (c->conn.fd >= 0) return true;
     return vcuda_zmtp_connect(&c->conn, c->endpoint, CONNECT_TIMEOUT_MS) == 0;
+}
+
+/* ---- in-flight budget ------------------------------------------------------------------------ */
+
+/* Caller holds f->lock. Launches between checkpoints: half the budget's worth, from the
+ * measured time per launch, else (fewer) from an upper bound of it, else one. */
+static void flight_update_k(struct flight *f) {
+    uint64_t t = f->launch_ns ? f->launch_ns : f->launch_bound_ns;
+    uint64_t most = f->launch_ns ? FLIGHT_MAX_K : FLIGHT_MAX_K_UNSURE;
+    uint64_t k = t ? f->budget_ns / (2 * t) : 1;
+    atomic_store_explicit(&f->k, k < 1 ? 1 : k > most ? (int)most : (int)k, memory_order_relaxed);
+}
+
+static void flight_set_budget(struct token_client *c, uint64_t budget_ns) {
+    struct flight *f = &c->flight;
+    pthread_mutex_lock(&f->lock);
+    f->budget_ns = budget_ns;
+    flight_update_k(f);
+    pthread_mutex_unlock(&f->lock);
+}
+
+/* Caller holds f->lock. Keeps `ev` for reuse, or destroys it when enough are kept. */
+static void spare_put(struct flight *f, CUevent ev) {
+    if (f->nspare < (int)(sizeof f->spare / sizeof f->spare[0])) f->spare[f->nspare++] = ev;
+    else vcuda_real.cuEventDestroy_v2(ev);
+}
+
+/* Caller holds f->lock. The oldest pending checkpoint completed (seen at `seen_ns`):
+ * it becomes `done`, and the segment it ends measures the GPU time per launch. */
+static void flight_complete_front(struct flight *f, uint64_t seen_ns) {
+    struct checkpoint cp = f->ring[f->head];
+    f->head = (f->head + 1) % FLIGHT_RING;
+    f->count--;
+    if (f->have_done) {
+        float ms = 0;
+        if (cp.launches > 0 && vcuda_real.cuEventElapsedTime(&ms, f->done.event, cp.event) == CUDA_SUCCESS &&
+            ms >= 0) {
+            uint64_t per = (uint64_t)((double)ms * 1e6) / cp.launches + 1;
+            if (cp.backlogged) /* GPU time: an average of the last few */
+                f->launch_ns = f->launch_ns ? (f->launch_ns + per) / 2 : per;
+            else /* idle gaps included: only ever an upper bound */
+                f->launch_bound_ns = f->launch_bound_ns && f->launch_bound_ns < per ? f->launch_bound_ns : per;
+            flight_update_k(f);
+        }
+        spare_put(f, f->done.event);
+    }
+    f->done = cp;
+    f->have_done = true;
+    f->done_seen_ns = seen_ns;
+}
+
+/* Caller holds f->lock. Takes the checkpoints that completed by now off the front. */
+static void flight_settle(struct flight *f) {
+    while (f->count > 0) {
+        CUresult q = vcuda_real.cuEventQuery(f->ring[f->head].event);
+        if (q == CUDA_ERROR_NOT_READY) return;
+        flight_complete_front(f, now_ns()); /* an error (context gone) counts as complete */
+    }
+}
+
+enum room { ROOM, BLOCK, SLEEP };
+
+/* Caller holds f->lock. Whether the next `k` launches fit under the budget now
+ * (ROOM); if not, whether to wait for the oldest checkpoint (BLOCK) or only
+ * until the oldest segment is about to finish (SLEEP until *until). */
+static enum room flight_room(const struct flight *f, int k, uint64_t now, uint64_t *until) {
+    if (f->count == 0) return ROOM;
+    if (f->count > FLIGHT_RING / 2) return BLOCK;
+    uint64_t t = f->launch_ns;
+    if (t == 0) return f->count > 1 ? BLOCK : ROOM; /* not measured yet: one segment in flight */
+    uint64_t next = (uint64_t)k * t;
+    uint64_t room = f->budget_ns > next + FLIGHT_LEAD_NS ? f->budget_ns - next : FLIGHT_LEAD_NS;
+    uint64_t oldest = (uint64_t)f->ring[f->head].launches * t, rest = 0;
+    for (int i = 1; i < f->count; i++) rest += (uint64_t)f->ring[(f->head + i) % FLIGHT_RING].launches * t;
+    if (rest > room) return BLOCK;
+    /* The oldest segment runs since its predecessor completed. Without one in this lease
+     * when it started is unknown: wait for it to complete, woken the moment it does. */
+    if (!f->have_done) return oldest + rest > room ? BLOCK : ROOM;
+    uint64_t ran = now > f->done_seen_ns ? now - f->done_seen_ns : 0;
+    uint64_t left = ran < oldest ? oldest - ran : 0;
+    if (left + rest <= room) return ROOM;
+    uint64_t wait = left + rest - room;
+    *until = now + (wait < FLIGHT_POLL_NS ? wait : FLIGHT_POLL_NS);
+    return SLEEP;
+}
+
+/* Caller holds f->lock; `ctx` is the calling thread's current context. The
+ * events live in one context: another one is only adopted when nothing of the
+ * current one is tracked. */
+static bool flight_use_context(struct flight *f, CUcontext ctx) {
+    if (ctx == f->ctx) return true;
+    if (f->count > 0 || f->have_done) return false;
+    CUdevice dev;
+    bool alive = f->ctx != NULL && vcuda_context_lookup(f->ctx, &dev);
+    while (f->nspare > 0) {
+        CUevent ev = f->spare[--f->nspare];
+        if (alive) vcuda_real.cuEventDestroy_v2(ev); /* a destroyed context took its events along */
+    }
+    f->ctx = ctx;
+    return true;
+}
+
+/* The countdown ran out (gate open): record a checkpoint on the launch's
+ * stream and wait for room under the budget. */
+static void checkpoint(struct token_client *c, CUstream stream, int ptsz) {
+    struct flight *f = &c->flight;
+    pthread_mutex_lock(&f->lock);
+    if (!f->active) {
+        vcuda_thread_countdown = UNCHECKED; /* the next closed gate resets it */
+        pthread_mutex_unlock(&f->lock);
+        return;
+    }
+    int k = atomic_load_explicit(&f->k, memory_order_relaxed);
+    vcuda_thread_countdown = k - 1; /* this launch and k - 1 more make the next segment */
+    CUcontext ctx = NULL;
+    if (vcuda_real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == NULL || !flight_use_context(f, ctx)) {
+        pthread_mutex_unlock(&f->lock);
+        return;
+    }
+    flight_settle(f);
+    if (f->count < FLIGHT_RING) {
+        CUevent ev = NULL;
+        if (f->nspare > 0) ev = f->spare[--f->nspare];
+        else if (vcuda_real.cuEventCreate(&ev, CU_EVENT_DEFAULT) != CUDA_SUCCESS) ev = NULL;
+        /* A NULL stream through a _ptsz entry point is this thread's per-thread stream. */
+        CUstream s = stream == NULL && ptsz ? CU_STREAM_PER_THREAD : stream;
+        if (ev != NULL && vcuda_real.cuEventRecord(ev, s) == CUDA_SUCCESS) {
+            f->ring[(f->head + f->count) % FLIGHT_RING] =
+                (struct checkpoint){.event = ev, .launches = (uint32_t)k, .backlogged = f->count > 0};
+            f->count++;
+        } else if (ev != NULL) {
+            /* Likely a stream of another context: no checkpoint this time. */
+            vcuda_debug("device %d: no in-flight checkpoint on stream %p", c->device, (void *)s);
+            spare_put(f, ev);
+        }
+    }
+    uint64_t start = now_ns(), until = 0;
+    bool hit = false;
+    for (;;) {
+        enum room room = flight_room(f, k, now_ns(), &until);
+        if (room == ROOM) break;
+        hit = true;
+        uint32_t gen = f->gen;
+        CUevent oldest = f->ring[f->head].event;
+        atomic_fetch_add_explicit(&f->waiting, 1, memory_order_relaxed);
+        pthread_mutex_unlock(&f->lock);
+        if (room == BLOCK) vcuda_real.cuEventSynchronize(oldest);
+        else sleep_until(until);
+        pthread_mutex_lock(&f->lock);
+        atomic_fetch_sub_explicit(&f->waiting, 1, memory_order_relaxed);
+        if (f->gen != gen) break; /* the lease ended meanwhile: its work was drained */
+        if (room == BLOCK && f->count > 0 && f->ring[f->head].event == oldest) flight_complete_front(f, now_ns());
+        flight_settle(f);
+    }
+    if (hit) {
+        f->hits++;
+        f->wait_ns += now_ns() - start;
+    }
+    pthread_mutex_unlock(&f->lock);
+}
+
+/* A lease starts (the budget applies) or ended (its work was drained, so every
+ * checkpoint completed). */
+static void flight_lease(struct token_client *c, bool active) {
+    struct flight *f = &c->flight;
+    pthread_mutex_lock(&f->lock);
+    f->active = active;
+    f->gen++;
+    while (f->count > 0) {
+        spare_put(f, f->ring[f->head].event);
+        f->head = (f->head + 1) % FLIGHT_RING;
+        f->count--;
+    }
+    if (f->have_done) spare_put(f, f->done.event);
+    f->have_done = false;
+    pthread_mutex_unlock(&f->lock);
+}
+
+/* ---- the client thread ------------------------------------------------------------------------- */
+
+static int waiting_launchers(struct token_client *c) {
+    pthread_mutex_lock(&c->lock);
+    int n = c->waiters;
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
+/* Launchers blocked at the gate, waiting for room under the budget, or launching
+ * since the last look: the process has more work for the GPU. */
+static bool busy(struct token_client *c) {
+    return atomic_exchange_explicit(&c->gate->launched, 0, memory_order_relaxed) ||
+           atomic_load_explicit(&c->flight.waiting, memory_order_relaxed) > 0 || waiting_launchers(c) > 0;
+}
+
+/* One scheduler frame that arrived while holding `lease` (0: none): BUDGET
+ * applies at once; returns true for a REVOKE of that lease. */
+static bool take_message(struct token_client *c, const unsigned char *buf, size_t len, uint64_t lease) {
+    if (len < HEADER_LEN || memcmp(buf, "VCTS", 4) != 0) return false;
+    if (buf[5] == MSG_BUDGET && len >= HEADER_LEN + 8) {
+        flight_set_budget(c, (uint64_t)get32(buf + 16) * 1000ull);
+        c->idle_grace_ns = (uint64_t)get32(buf + 20) * 1000ull;
+        return false;
+    }
+    return buf[5] == MSG_REVOKE && len >= HEADER_LEN + 16 && lease != 0 && get64(buf + 16) == lease;
+}
+
+enum wake { WAKE_TIMEOUT, WAKE_LAUNCHER, WAKE_REVOKED, WAKE_LOST };
+
+/* Waits until `deadline` (UINT64_MAX: no limit) for a message from the
+ * scheduler or, when `for_launcher`, a launcher at the gate. */
+static enum wake wait_event(struct token_client *c, uint64_t lease, uint64_t deadline, bool for_launcher) {
+    for (;;) {
+        if (for_launcher && waiting_launchers(c) > 0) return WAKE_LAUNCHER;
+        uint64_t t = now_ns();
+        if (t >= deadline) return WAKE_TIMEOUT;
+        struct pollfd fds[2] = {{.fd = c->conn.fd, .events = POLLIN}, {.fd = c->wake_fd, .events = POLLIN}};
+        struct timespec left = to_timespec(deadline - t);
+        int r = ppoll(fds, 2, deadline == UINT64_MAX ? NULL : &left, NULL);
+        if (r <= 0) continue; /* timeout (checked above) or a signal */
+        if (fds[1].revents & POLLIN) {
+            eventfd_t ignored;
+            (void)eventfd_read(c->wake_fd, &ignored);
+        }
+        if (fds[0].revents) {
+            unsigned char buf[256];
+            size_t len = 0;
+            int got = vcuda_zmtp_recv(&c->conn, buf, sizeof buf, &len, 0);
+            if (got < 0) return WAKE_LOST;
+            if (got == 0 && take_message(c, buf, len, lease)) return WAKE_REVOKED;
+        }
+    }
 }
 
 /* Waits for a GRANT; returns false when the connection is lost or the wait
@@ -121,9 +424,10 @@ static bool wait_grant(struct token_client *c, uint64_t *lease, uint64_t *quantu
             if (code == ERR_TENANT_REMOVED) vcuda_warn("the token scheduler removed this tenant");
             else vcuda_debug("token scheduler error %u", code);
             /* A lost or stale request: ask again. */
-            if (code == ERR_STALE_LEASE || code == ERR_LEASE_EXPIRED)
-                send_msg(c, MSG_REQUEST, 0, 0, c->burst_ns / 1000);
+            if (code == ERR_STALE_LEASE || code == ERR_LEASE_EXPIRED) send_request(c);
+            continue;
         }
+        take_message(c, buf, len, 0); /* BUDGET; a REVOKE of an ended lease is moot */
     }
 }
 
@@ -148,62 +452,77 @@ static void set_gate(struct token_client *c, int open) {
     pthread_mutex_unlock(&c->lock);
 }
 
-/* Whether a launcher waits at the gate, or arrives within `grace_ns`. */
-static bool launcher_arrives(struct token_client *c, uint64_t grace_ns) {
-    struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline); /* the condition variable's clock */
-    uint64_t ns = (uint64_t)deadline.tv_nsec + grace_ns;
-    deadline.tv_sec += (time_t)(ns / 1000000000ull);
-    deadline.tv_nsec = (long)(ns % 1000000000ull);
-    pthread_mutex_lock(&c->lock);
-    while (c->waiters == 0 && pthread_cond_timedwait(&c->wanted, &c->lock, &deadline) == 0) {
-    }
-    bool arrived = c->waiters > 0;
-    pthread_mutex_unlock(&c->lock);
-    return arrived;
-}
-
-/* Holds the token until the quantum ends or the process goes idle; returns
- * whether launchers are waiting for it again. */
+/* Holds the token until the quantum ends, the process goes idle, the lease is
+ * revoked or the scheduler is lost; returns whether it asked for the token
+ * again (RELEASE with MORE). */
 static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
     uint64_t receipt = now_ns();
     /* Close the gate early by the time the process's queued work usually takes
      * to drain, so the hold, overrun included, stays within the quantum. */
     uint64_t early = c->drain_ns < quantum_ns / 2 ? c->drain_ns : quantum_ns / 2;
     uint64_t end = receipt + quantum_ns - early;
-    uint64_t check = quantum_ns / 4 > IDLE_CHECK_MIN_NS ? quantum_ns / 4 : IDLE_CHECK_MIN_NS;
+    /* Idle checks a quarter quantum apart, but at most a few idle graces: a tenant told to
+     * give the token back quickly (a high one) must also notice quickly that it is idle. */
+    uint64_t check = quantum_ns / 4 < 4 * c->idle_grace_ns ? quantum_ns / 4 : 4 * c->idle_grace_ns;
+    if (check < IDLE_CHECK_MIN_NS) check = IDLE_CHECK_MIN_NS;
+    enum wake why = WAKE_TIMEOUT;
+    bool idle = false; /* its work completed and no launch came within the idle grace */
     atomic_store_explicit(&c->gate->launched, 0, memory_order_relaxed);
+    flight_lease(c, true);
     set_gate(c, 1);
     for (;;) {
         uint64_t t = now_ns();
-        uint64_t next = t + check < end ? t + check : end;
-        sleep_until(next);
-        if (next >= end) break;
-        if (atomic_exchange_explicit(&c->gate->launched, 0, memory_order_relaxed)) continue;
+        why = wait_event(c, lease, t + check < end ? t + check : end, false);
+        if (why != WAKE_TIMEOUT || now_ns() >= end) break;
+        if (atomic_exchange_explicit(&c->gate->launched, 0, memory_order_relaxed) ||
+            atomic_load_explicit(&c->flight.waiting, memory_order_relaxed) > 0)
+            continue;
         /* No launch since the last check: idle, or blocked in a synchronize on
          * its own work. Close the gate, let that work finish, and see whether
          * the process wants to launch again right away. */
         set_gate(c, 0);
         drain_own_work(c);
-        if (!launcher_arrives(c, IDLE_GRACE_NS)) break; /* idle: give the token back */
+        why = wait_event(c, lease, now_ns() + c->idle_grace_ns, true);
+        idle = why == WAKE_TIMEOUT;
+        if (why != WAKE_LAUNCHER) break; /* idle: give the token back; or revoked, or lost */
+        why = WAKE_TIMEOUT;
         if (now_ns() >= end) break;
         set_gate(c, 1);
     }
     set_gate(c, 0);
     uint64_t closed = now_ns();
-    drain_own_work(c);
+    drain_own_work(c); /* at most the in-flight budget */
     uint64_t done = now_ns();
+    flight_lease(c, false);
     uint64_t held = done - receipt;
     c->burst_ns = c->burst_ns ? (c->burst_ns * 3 + held) / 4 : held;
     c->drain_ns = (c->drain_ns * 3 + (done - closed)) / 4;
-    /* A process that was waiting on its own work launches again as soon as it
-     * completed: ask again at once (MORE) rather than queue behind others. */
-    bool more = launcher_arrives(c, IDLE_GRACE_NS);
-    vcuda_debug("device %d lease %llx: quantum %llu us, held %llu us (drain %llu us), %s",
+    if (why == WAKE_LOST) return false; /* the scheduler ended the lease with the connection */
+    bool more;
+    if (why == WAKE_REVOKED) {
+        more = busy(c); /* answer at once: the revoking tenant waits */
+    } else if (idle) {
+        more = false; /* it just waited its grace for a launch */
+    } else {
+        /* A process that was waiting on its own work launches again as soon as
+         * it completed: ask again at once (MORE) rather than queue behind others. */
+        why = wait_event(c, lease, now_ns() + c->idle_grace_ns, true);
+        more = why == WAKE_LAUNCHER || (why == WAKE_REVOKED && busy(c));
+        if (why == WAKE_LOST) return false;
+    }
+    vcuda_debug("device %d lease %llx: quantum %llu us, held %llu us (drain %llu us), %s%s",
                 c->device, (unsigned long long)lease, (unsigned long long)(quantum_ns / 1000),
                 (unsigned long long)(held / 1000), (unsigned long long)((done - closed) / 1000),
-                more ? "more" : "done");
+                why == WAKE_REVOKED ? "revoked, " : "", more ? "more" : "done");
     send_msg(c, MSG_RELEASE, more ? FLAG_MORE : 0, lease, held);
+    struct flight *f = &c->flight;
+    pthread_mutex_lock(&f->lock);
+    uint32_t hits = f->hits;
+    uint64_t wait_ns = f->wait_ns;
+    f->hits = 0;
+    f->wait_ns = 0;
+    pthread_mutex_unlock(&f->lock);
+    if (hits > 0) send_msg(c, MSG_REPORT, 0, hits, wait_ns);
     return more;
 }
 
@@ -224,13 +543,11 @@ static void *client_main(void *arg) {
     struct token_client *c = arg;
     bool requested = false;
     uint64_t lost_since = 0, backoff_ms = 10;
+    prctl(PR_SET_TIMERSLACK, CLIENT_TIMER_SLACK_NS, 0, 0, 0);
     for (;;) {
-        pthread_mutex_lock(&c->lock);
         /* Unthrottled after a loss, keep trying to reach the scheduler even with nobody waiting. */
-        while (c->waiters == 0 && !requested && !c->unthrottled)
-            pthread_cond_wait(&c->wanted, &c->lock);
-        pthread_mutex_unlock(&c->lock);
-        if (!connected(c) || (!requested && send_msg(c, MSG_REQUEST, 0, 0, c->burst_ns / 1000) != 0)) {
+        if (!requested && !c->unthrottled && wait_event(c, 0, UINT64_MAX, true) == WAKE_LOST) continue;
+        if (!connected(c) || (!requested && send_request(c) != 0)) {
             requested = false;
             if (lost_since == 0) lost_since = now_ns();
             if (now_ns() - lost_since >= (uint64_t)vcuda_config.scheduler_timeout_ms * 1000000ull) on_loss(c);
@@ -259,18 +576,21 @@ static void *client_main(void *arg) {
     return NULL;
 }
 
-CUresult vcuda_gate_wait(struct vcuda_gate *gate) {
+/* Blocks until the client's gate opens, starting its thread on first use. */
+static CUresult gate_wait(struct token_client *c) {
     CUresult rc = vcuda_driver_load();
     if (rc != CUDA_SUCCESS) return rc;
     if (vcuda_config.error[0]) return CUDA_ERROR_NOT_INITIALIZED;
-    struct token_client *c = &clients[gate - vcuda_gates];
+    struct vcuda_gate *gate = c->gate;
     pthread_mutex_lock(&c->lock);
     if (!c->started) {
         pthread_t thread;
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&thread, &attr, client_main, c) != 0) {
+        c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (c->wake_fd < 0 || pthread_create(&thread, &attr, client_main, c) != 0) {
+            pthread_attr_destroy(&attr);
             pthread_mutex_unlock(&c->lock);
             vcuda_error("cannot start the token client thread of device %d; launching unthrottled", c->device);
             atomic_store(&gate->open, 1);
@@ -280,12 +600,28 @@ CUresult vcuda_gate_wait(struct vcuda_gate *gate) {
         c->started = true;
     }
     c->waiters++;
-    pthread_cond_signal(&c->wanted);
+    (void)eventfd_write(c->wake_fd, 1);
     while (!atomic_load_explicit(&gate->open, memory_order_acquire))
         pthread_cond_wait(&c->opened, &c->lock);
     c->waiters--;
     pthread_mutex_unlock(&c->lock);
     return CUDA_SUCCESS;
+}
+
+CUresult vcuda_launch_slow(struct vcuda_gate *gate, CUstream stream, int ptsz) {
+    struct token_client *c = &clients[gate - vcuda_gates];
+    for (;;) {
+        if (!atomic_load_explicit(&gate->open, memory_order_acquire)) {
+            CUresult rc = gate_wait(c);
+            if (rc != CUDA_SUCCESS) return rc;
+            int k = atomic_load_explicit(&c->flight.k, memory_order_relaxed);
+            if (vcuda_thread_countdown >= k) vcuda_thread_countdown = k - 1; /* a new lease, maybe a new budget */
+        }
+        if (vcuda_thread_countdown >= 0) return CUDA_SUCCESS;
+        checkpoint(c, stream, ptsz);
+        /* Waiting for room may have outlasted the lease: never launch through a closed gate. */
+        if (atomic_load_explicit(&gate->open, memory_order_acquire)) return CUDA_SUCCESS;
+    }
 }
 
 void vcuda_compute_context_changed(void) {
@@ -302,18 +638,24 @@ static void clients_reset(void) {
     for (int d = 0; d < VCUDA_MAX_DEVICES; d++) {
         struct token_client *c = &clients[d];
         if (c->conn.fd >= 0) vcuda_zmtp_close(&c->conn);
+        if (c->wake_fd >= 0) close(c->wake_fd);
         memset(c, 0, sizeof *c);
         c->device = d;
         c->gate = &vcuda_gates[d];
         c->endpoint = vcuda_config.scheduler_dev[d];
         c->conn.fd = -1;
+        c->wake_fd = -1;
         pthread_mutex_init(&c->lock, NULL);
         pthread_cond_init(&c->opened, NULL);
-        pthread_cond_init(&c->wanted, NULL);
+        pthread_mutex_init(&c->flight.lock, NULL);
+        c->flight.budget_ns = DEFAULT_BUDGET_NS; /* and launch_ns = 0: measured on the first leases */
+        c->idle_grace_ns = IDLE_GRACE_NS;
+        atomic_store(&c->flight.k, 1);
         /* Without a scheduler nothing is limited: the gate stays open. */
         bool limited = c->endpoint[0] != '\0' && !vcuda_config.disabled;
         atomic_store(&c->gate->open, limited ? 0 : 1);
     }
+    vcuda_thread_countdown = 0;
 }
 
 static void after_fork_child(void) { clients_reset(); }
@@ -323,7 +665,10 @@ void vcuda_compute_init(void) {
     if (!atfork_registered) {
         pthread_atfork(NULL, NULL, after_fork_child);
         atfork_registered = true;
-        for (int d = 0; d < VCUDA_MAX_DEVICES; d++) clients[d].conn.fd = -1;
+        for (int d = 0; d < VCUDA_MAX_DEVICES; d++) {
+            clients[d].conn.fd = -1;
+            clients[d].wake_fd = -1;
+        }
     }
     clients_reset();
     if (vcuda_config.scheduler_dev[0][0] == '\0' && !vcuda_config.disabled && vcuda_config.core_limit < 100)

@@ -157,7 +157,12 @@
     X(cuDeviceGetMemPool, (CUmemoryPool *pool, CUdevice dev))                                      \
     X(cuMemPoolGetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void *value))           \
     X(cuStreamIsCapturing, (CUstream stream, CUstreamCaptureStatus *status))                       \
-    X(cuDeviceGetGraphMemAttribute, (CUdevice device, CUgraphMem_attribute attr, void *value))
+    X(cuDeviceGetGraphMemAttribute, (CUdevice device, CUgraphMem_attribute attr, void *value))     \
+    X(cuEventCreate, (CUevent *event, unsigned int flags))                                         \
+    X(cuEventRecord, (CUevent event, CUstream stream))                                             \
+    X(cuEventQuery, (CUevent event))                                                               \
+    X(cuEventElapsedTime, (float *ms, CUevent start, CUevent end))                                 \
+    X(cuEventDestroy_v2, (CUevent event))
 
 #define VCUDA_NVML_USED(X)                                                                         \
     X(nvmlInit_v2, (void))                                                                         \

@@ -79,6 +79,24 @@ def test_run_with_a_compute_quota(tmp_path: Path, runtime_env: dict[str, str]) -
     assert out.returncode == 2 and "one GPU" in out.stderr
 
 
+LIST_TENANTS = ("import json; from py_vcuda.launch import scheduler_dir; "
+                "from token_scheduler.admin_client import AdminClient; "
+                "print(json.dumps(AdminClient(scheduler_dir('0', True) / 'admin.sock').call('list')['tenants']))")
+
+
+def test_run_with_priority(tmp_path: Path, runtime_env: dict[str, str]) -> None:
+    """--priority high registers the run as a `high` tenant of the GPU's scheduler."""
+    out = vcuda("run", "--simulate", "--sim-state", str(tmp_path / "sim"), "--core", "30", "--priority", "high",
+                "--", sys.executable, "-c", LIST_TENANTS, env=runtime_env)
+    assert out.returncode == 0, out.stderr
+    (tenant,) = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (tenant["request"], tenant["priority"]) == (30, "high")
+    out = vcuda("run", "--core", "30", "--priority", "urgent", "--", "true")
+    assert out.returncode == 2 and "invalid choice: 'urgent'" in out.stderr and "'high', 'normal'" in out.stderr
+    out = vcuda("run", "--priority", "high", "--", "true")
+    assert out.returncode == 2 and "--priority needs --core" in out.stderr
+
+
 def test_run_passes_the_exit_status_through() -> None:
     assert vcuda("run", "--", sys.executable, "-c", "raise SystemExit(7)").returncode == 7
 

@@ -308,6 +308,17 @@ def test_example_pods_use_the_codes_names() -> None:
     frac = example("vgpu-fraction")
     assert limits_of(frac) == {names.core_resource: 30, names.memory_resource: 16}
     assert int(frac["metadata"]["annotations"][core_limit]) > 30  # an elastic cap above the share
+    inference = example("vgpu-inference")
+    priority = f"{names.annotation_prefix}/priority"
+    try:
+        from device_plugin import quota as quota_module
+        assert quota_module.priority_annotation(names) == priority
+        assert quota_module.quota(names, inference["metadata"]["annotations"], cores=40, share_memory=None,
+                                  memory_units=32).priority == "high"
+    except ImportError:
+        pass
+    assert inference["metadata"]["annotations"][priority] == "high"
+    assert limits_of(inference)[names.core_resource] < 100  # priority is for a shared GPU
     assert limits_of(example("vgpu-whole")) == {names.core_resource: 100}
     assert limits_of(example("pgpu")) == {PGPU_RESOURCE: 2}
     mps = example("mps")

@@ -5,6 +5,7 @@ quota changes and cleanup."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import grpc
@@ -31,6 +32,10 @@ def records(agent) -> list[ContainerRecord]:  # type: ignore[no-untyped-def]
 def tenants(agent, uuid: str) -> dict[str, tuple[int, int]]:  # type: ignore[no-untyped-def]
     reply = agent.schedulers[uuid].call("list")
     return {t["tenant"]: (t["request"], t["limit"]) for t in reply["tenants"]}
+
+
+def priorities(agent, uuid: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    return {t["tenant"]: t["priority"] for t in agent.schedulers[uuid].call("list")["tenants"]}
 
 
 def refused(excinfo: pytest.ExceptionInfo[grpc.RpcError]) -> str:
@@ -137,7 +142,8 @@ def test_extender_assignment_identifies_the_pod_and_guides_preference(agent_fact
 
 @pytest.mark.parametrize("case", [
     "fractional-across-gpus", "unknown-id", "not-multiple", "malformed-annotation", "mismatch", "ambiguous",
-    "no-pod-multi-gpu", "bad-core-limit", "core-limit-on-whole-card", "duplicate-ids"])
+    "no-pod-multi-gpu", "bad-core-limit", "core-limit-on-whole-card", "duplicate-ids", "bad-priority",
+    "high-priority-on-whole-card"])
 def test_bad_requests_are_refused_with_a_reason(agent_factory, kubelet, dp, case):
     a, b = dp.gpu(0).uuid, dp.gpu(1).uuid
     ann = "vcuda.io/gpu-assignment"
@@ -160,6 +166,10 @@ def test_bad_requests_are_refused_with_a_reason(agent_factory, kubelet, dp, case
         "core-limit-on-whole-card": ([dp.pod("p", cores=100, annotations={"vcuda.io/core-limit": "5O"})],
                                      ids(a, 100), "annotation vcuda.io/core-limit: '5O' cannot apply to whole GPUs"),
         "duplicate-ids": ([dp.pod("p", cores=3)], ids(a, 2) + ids(a, 1), "appear more than once"),
+        "bad-priority": ([dp.pod("p", cores=30, annotations={"vcuda.io/priority": "urgent"})], ids(a, 30),
+                         "annotation vcuda.io/priority: 'urgent' is not a priority; use one of high, normal"),
+        "high-priority-on-whole-card": ([dp.pod("p", cores=100, annotations={"vcuda.io/priority": "high"})],
+                                        ids(a, 100), "annotation vcuda.io/priority: 'high' cannot apply to whole"),
     }[case]
     agent = agent_factory("vgpu", gpus=2, pods=StaticPods(pods))
     with pytest.raises(grpc.RpcError) as e:
@@ -192,8 +202,24 @@ def test_live_quota_change_and_cleanup(agent_factory, kubelet, dp):
     assert tenants(agent, uuid) == {}
 
 
+def test_priority_annotation_at_allocate_and_live(agent_factory, kubelet, dp):
+    p = dp.pod("p", cores=30, annotations={"vcuda.io/priority": "high"})
+    agent = agent_factory("vgpu", gpus=1, pods=StaticPods([p]))
+    uuid = dp.gpu(0).uuid
+    kubelet.allocate(CORE, ids(uuid, 30))
+    (rec,) = records(agent)
+    assert rec.priority == "high" and priorities(agent, uuid) == {rec.tenant: "high"}
+    p["metadata"]["annotations"]["vcuda.io/priority"] = "normal"
+    dp.wait_for(lambda: priorities(agent, uuid) == {rec.tenant: "normal"}, what="live priority update")
+    dp.wait_for(lambda: agent.layout.read_record(rec.key).priority == "normal", what="record update")
+    p["metadata"]["annotations"]["vcuda.io/priority"] = "asap"   # refused: the current one is kept
+    time.sleep(0.5)
+    assert priorities(agent, uuid) == {rec.tenant: "normal"}
+
+
 def test_crashed_scheduler_is_restarted_with_its_tenants(agent_factory, kubelet, dp):
-    agent = agent_factory("vgpu", gpus=1, pods=StaticPods([dp.pod("p", cores=40)]))
+    agent = agent_factory("vgpu", gpus=1, pods=StaticPods([dp.pod("p", cores=40,
+                                                                 annotations={"vcuda.io/priority": "high"})]))
     uuid = dp.gpu(0).uuid
     kubelet.allocate(CORE, ids(uuid, 40))
     (rec,) = records(agent)
@@ -203,6 +229,7 @@ def test_crashed_scheduler_is_restarted_with_its_tenants(agent_factory, kubelet,
     sched._proc.kill()
     dp.wait_for(lambda: sched.pid != first and sched.alive(), what="scheduler restart")
     dp.wait_for(lambda: tenants(agent, uuid) == {rec.tenant: (40, 40)}, what="tenant re-registered")
+    assert priorities(agent, uuid) == {rec.tenant: "high"}
     assert json.loads((agent.layout.scheduler_dir(uuid) / "tenants.json").read_text())
     assert agent.supervisor.restarts[sched.name] >= 1
 

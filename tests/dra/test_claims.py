@@ -84,7 +84,12 @@ def test_config_from_class_then_claim_per_request():
     assert claim.config("small/a") == ShareConfig(core_limit=80, preload=False)   # the claim overrides its class
     assert claim.config("other") == ShareConfig(core_limit=99, preload=False)
     (s,) = plan(claim, gpu_of)
-    assert (s.core_request, s.core_limit, s.preload) == (30, 80, False)
+    assert (s.core_request, s.core_limit, s.preload, s.priority) == (30, 80, False, "normal")
+
+
+def test_a_high_priority_share():
+    (s,) = shares(t.claim("c", NODE, [t.share(NODE, 0, 30, GiB)], config=[t.share_config(priority="high")]))
+    assert (s.priority, s.core_limit) == ("high", 30)
 
 
 def test_a_config_naming_a_request_covers_its_subrequests():
@@ -109,7 +114,6 @@ def test_another_drivers_config_is_not_ours_to_check():
     ({"apiVersion": "gpu.vcuda.io/v1alpha1", "kind": "GpuShareConfig", "coreLimit": True}, "coreLimit"),
     ({"apiVersion": "gpu.vcuda.io/v1alpha1", "kind": "GpuShareConfig", "memory": "4Gi"}, "GpuShareConfig.memory: "
      "unknown field"),
-    ({"apiVersion": "gpu.vcuda.io/v1alpha1", "kind": "GpuShareConfig", "priority": "high"}, "needs priority classes"),
     ("not an object", "parameters must be an object"),
 ])
 def test_bad_share_config_names_the_field(params, message):
@@ -122,6 +126,8 @@ def test_bad_share_config_names_the_field(params, message):
      r"GpuShareConfig.coreLimit 20 is below the core request \(30\)"),
     (t.claim("c", NODE, [t.whole(NODE, 0)], config=[t.share_config(coreLimit=50)]),
      "cannot apply to whole GPUs"),
+    (t.claim("c", NODE, [t.whole(NODE, 0)], config=[t.share_config(priority="high")]),
+     "GpuShareConfig.priority 'high' cannot apply to whole GPUs"),
     (t.claim("c", NODE, [t.share(NODE, 0, 30, GiB), t.share(NODE, 1, 30, GiB)]),
      "a share of a GPU is one GPU"),
     (t.claim("c", NODE, [t.share(NODE, 0, 30, GiB, request="a"), t.whole(NODE, 1, request="b")]),

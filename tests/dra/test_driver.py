@@ -119,7 +119,7 @@ def test_share_claim_gets_env_mounts_and_a_cdi_spec(agent_factory, kubelet, api)
            "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "app-gpu-x1"}]}}
     api.put("pods", pod)
     claim = api.put("resourceclaims", t.claim("app-gpu-x1", NODE, [t.share(NODE, 0, 30, 8 * GiB, share_id="s-1")],
-                                              config=[t.share_config(coreLimit=50)], pod="app"))
+                                              config=[t.share_config(coreLimit=50, priority="high")], pod="app"))
     resp = kubelet.prepare(claim)
     e = entry(resp, claim)
     assert e.error == ""
@@ -152,9 +152,10 @@ def test_share_claim_gets_env_mounts_and_a_cdi_spec(agent_factory, kubelet, api)
     assert (record.core_request, record.core_limit, record.memory_limit) == (30, 50, 8 * GiB)
     assert (record.namespace, record.pod, record.pod_uid, record.container) == ("default", "app", "uid-app", "main")
     assert record.extra["claim_uid"] == uid and record.extra["share_id"] == "s-1"
-    assert record.tenant == record.key
+    assert record.tenant == record.key and record.priority == "high"
     stats = agent.schedulers[UUID0].call("stats")
     assert record.tenant in json.dumps(stats)
+    assert stats["tenants"][record.tenant]["priority"] == "high"
     assert agent.driver.checkpoint.get(uid).state == "prepared"
 
 
@@ -236,7 +237,7 @@ def test_claim_for_another_drivers_device_is_ignored(agent_factory, kubelet, api
     ({"coreLimit": 20}, "GpuShareConfig.coreLimit 20 is below the core request (30)"),
     ({"coreLimit": "lots"}, "GpuShareConfig.coreLimit: 'lots' is not a whole percentage"),
     ({"colour": "blue"}, "GpuShareConfig.colour: unknown field"),
-    ({"priority": "urgent"}, "GpuShareConfig.priority: 'urgent' is not one of normal, high"),
+    ({"priority": "urgent"}, "GpuShareConfig.priority: 'urgent' is not one of high, normal"),
     ({"preload": "yes"}, "GpuShareConfig.preload: 'yes' is not true or false"),
 ])
 def test_bad_opaque_config_fails_the_claim_naming_the_field(agent_factory, kubelet, api, config, field):

@@ -60,6 +60,7 @@ class Tenant:
     names: tuple[str, str, str] = ("", "", "")
     mode: str = "vgpu"
     bare: bool = False              # a `vcuda run` record (py_vcuda.launch's form), not a kubelet container
+    priority: str = "normal"
     proc: subprocess.Popen[str] | None = None
 
     @property
@@ -119,7 +120,7 @@ SCENARIO = [
     Tenant("run-a", 0, 0, 100, 1 * GiB, 128 * MiB, False, names=("", "", "python3 train.py"), bare=True),
     Tenant("run-b", 0, 0, 100, 1 * GiB, 128 * MiB, False, names=("", "", "python3 train.py"), bare=True),
     Tenant("hog", 1, 40, 40, 1 * GiB, 0, True, names=("team-s", "hog-0", "main")),
-    Tenant("lat", 1, 50, 50, 1 * GiB, 0, False, bursts=True, names=("team-s", "lat-0", "main")),
+    Tenant("lat", 1, 50, 50, 1 * GiB, 0, False, bursts=True, names=("team-s", "lat-0", "main"), priority="high"),
     Tenant("full", 1, 10, 10, 512 * MiB, 0, False, fill=True, names=("team-m", "full-0", "main")),
     Tenant("render", 2, 100, 100, None, 1 * GiB, True, mode="pgpu"),
     Tenant("mps-a", 3, 30, 30, 1 * GiB, 0, False, mode="mps", names=("team-d", "mps-0", "a")),
@@ -189,7 +190,8 @@ def node(build_c: Callable[..., Path]) -> Iterator[Node]:
                 elif t.mode == "vgpu":
                     ledger = ledger_in(directory)
                     Ledger(ledger, create=True).close()
-                    reply = admins[t.gpu].call("add", tenant=t.key, request=t.request, limit=t.limit)
+                    reply = admins[t.gpu].call("add", tenant=t.key, request=t.request, limit=t.limit,
+                                               priority=t.priority)
                     assert reply.get("ok"), reply
                     endpoint = str(reply["endpoint"])
                 env = tenant_env(sim, ledger, t.gpu, endpoint, t.memory_limit)

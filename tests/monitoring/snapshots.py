@@ -18,7 +18,8 @@ def row(**overrides: object) -> ContainerGPU:
         key="c1", mode="vgpu", gpu=0, uuid=UUID0, namespace="team-a", pod="train-0", container="main",
         tenant="t1", core_request=0.3, core_limit=0.5, memory_limit=1 * GiB, memory_used=320 * MiB,
         memory_peak=512 * MiB, oom_denials=2, share=0.31,
-        tenant_stats=TenantStats(share=0.31, grants=42, overruns=1, waiting=0, wait_p99_s=0.012, wait=wait))
+        tenant_stats=TenantStats(share=0.31, grants=42, overruns=1, waiting=0, wait_p99_s=0.012, wait=wait,
+                                 revocations=3, budget_s=0.001, budget_hits=120))
     base.update(overrides)
     return ContainerGPU(**base)  # type: ignore[arg-type]
 
@@ -31,7 +32,7 @@ SNAPSHOT = NodeSnapshot(
         row(),
         row(key="c2", namespace="", pod="", container="python3 train.py", tenant="run-77", core_request=0.5,
             core_limit=0.5, memory_limit=512 * MiB, memory_used=500 * MiB, share=0.1,
-            tenant_stats=TenantStats(0.1, 5, 0, 1, 0.2, WaitHistogram((0.1,), (1, 5), 1.0))),
+            tenant_stats=TenantStats(0.1, 5, 0, 1, 0.2, WaitHistogram((0.1,), (1, 5), 1.0), priority="high")),
     ),
     errors=("token scheduler of GPU 3 (/x) did not answer",),
 )

@@ -207,10 +207,14 @@ def test_token_counters_and_waits_match_the_schedulers_stats(node: Node, exporte
     for t in tenants:
         lo, hi, labels = before[t.gpu][t.key], after[t.gpu][t.key], labels_of(node, t.key)
         for metric, field in (("vcuda_container_token_grants_total", "grants"),
-                              ("vcuda_container_token_overruns_total", "overruns")):
+                              ("vcuda_container_token_overruns_total", "overruns"),
+                              ("vcuda_container_token_revocations_total", "revocations"),
+                              ("vcuda_container_token_revoke_reclaims_total", "revoke_reclaims"),
+                              ("vcuda_container_inflight_budget_hits_total", "budget_hits")):
             assert lo[field] <= one(s, metric, **labels) <= hi[field], (t.key, metric, lo[field], hi[field])
+        assert one(s, "vcuda_container_inflight_budget_seconds", **labels) == hi["budget_us"] / 1e6
         lo_cum, hi_cum = _cumulative(lo["wait_histogram"]), _cumulative(hi["wait_histogram"])
-        buckets = find(s, "vcuda_container_token_wait_seconds_bucket", **labels)
+        buckets = find(s, "vcuda_container_token_wait_seconds_bucket", **labels, priority=t.priority)
         assert len(buckets) == 11
         for b in buckets:
             bound = float(b.labels["le"])
@@ -221,6 +225,10 @@ def test_token_counters_and_waits_match_the_schedulers_stats(node: Node, exporte
         assert lo["wait_histogram"]["sum_s"] - eps <= total <= hi["wait_histogram"]["sum_s"] + eps, t.key
         assert lo["grants"] <= hi["grants"]
     assert one(s, "vcuda_container_token_grants_total", **labels_of(node, "train")) > 0
+    # "lat" is `high`: its bursts revoke "hog", whose budget is the small one next to a high tenant
+    wait_for(lambda: one(scrape(exporter), "vcuda_container_token_revocations_total", **labels_of(node, "hog")) > 0,
+             60, "hog's revocations")
+    assert one(s, "vcuda_container_inflight_budget_seconds", **labels_of(node, "hog")) == 0.001
 
 
 def _ledger_devices(node: Node) -> dict[str, object]:

@@ -38,10 +38,12 @@ def test_render_fixed_snapshot() -> None:
     assert "GPU 0  Sim GPU  [vgpu]  util 55%  mem 2.0 GiB / 16.0 GiB  42°C  75 W  scheduler up" in text
     assert "GPU 1  Sim GPU  [vgpu]  util 0%  mem 0 B / 16.0 GiB" in text
     train = next(line for line in lines if "team-a/train-0/main" in line)
-    for cell in ("vgpu", "30%", "50%", "31%", "320.0 MiB / 1.0 GiB", "512.0 MiB", "5.0 / 12.0 ms", "42"):
+    for cell in ("vgpu", "normal", "30%", "50%", "31%", "320.0 MiB / 1.0 GiB", "512.0 MiB", "5.0 / 12.0 ms", "42",
+                 "3 / 120"):
         assert cell in train, (cell, train)
     bare = next(line for line in lines if "python3 train.py" in line)
     assert "500.0 MiB / 512.0 MiB" in bare and "10%" in bare and "200.0 / 200.0 ms" in bare
+    assert "high" in bare and "0 / 0" in bare
     assert "(no tenants)" in text  # GPU 1
     assert "! token scheduler of GPU 3 (/x) did not answer" in text
     assert text == render_text(SNAPSHOT)  # pure: same snapshot, same frame

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import stat
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 import zmq
 
 from token_scheduler import wire
+from token_scheduler.daemon import Daemon
 from token_scheduler.errors import ErrorCode
 from token_scheduler.policy import MS, SECOND, PolicyConfig
 from token_scheduler.testing import AdminClient, TenantClient, daemon_thread
@@ -184,9 +186,9 @@ def test_dead_waiter_is_skipped(admin: AdminClient, zctx: zmq.Context) -> None:
 def test_live_update_and_remove(admin: AdminClient, zctx: zmq.Context) -> None:
     endpoint = add(admin, "a", 10, 10)
     reply = admin.call("update", tenant="a", request=30)
-    assert reply == {"ok": True, "tenant": "a", "request": 30, "limit": 30}
+    assert reply == {"ok": True, "tenant": "a", "request": 30, "limit": 30, "priority": "normal"}
     assert admin.call("list")["tenants"] == [
-        {"tenant": "a", "request": 30, "limit": 30, "endpoint": endpoint}]
+        {"tenant": "a", "request": 30, "limit": 30, "priority": "normal", "endpoint": endpoint}]
     client = TenantClient(endpoint, zctx)
     client.acquire()
     assert admin.call("remove", tenant="a")["ok"]
@@ -226,3 +228,89 @@ def test_disconnected_holder_frees_the_token_at_once(short_dir: Path, zctx: zmq.
         stats = admin.call("stats")["tenants"]
         assert stats["a"]["expiries"] == 0 and stats["b"]["grants"] == 1  # type: ignore[index]
         admin.close()
+
+
+# --- priority, revocation, in-flight budget ------------------------------------------------------
+
+
+def test_budget_comes_before_the_grant_and_follows_a_high_tenant(daemon: Daemon, admin: AdminClient,
+                                                                 zctx: zmq.Context) -> None:
+    cfg = daemon.policy.config
+    a = TenantClient(add(admin, "a", 40), zctx)
+    a.request()
+    budget = a.recv(2000, keep_budget=True)
+    assert budget is not None and budget.type == MsgType.BUDGET
+    assert budget.fields == (cfg.normal_budget_ns // 1000, cfg.idle_ns // 1000)
+    lease = a.expect(MsgType.GRANT).fields[0]
+    assert admin.call("add", tenant="h", request=20, priority="high")["ok"]
+    mid = a.recv(2000, keep_budget=True)  # told mid-lease: a high tenant may now wait for it
+    assert mid is not None and mid.type == MsgType.BUDGET
+    assert mid.fields[0] == cfg.budget_high_ns // 1000
+    a.release(lease, 1000, more=True)
+    assert a.recv(2000, keep_budget=True).type == MsgType.GRANT  # unchanged: not told again
+    assert admin.call("stats")["tenants"]["a"]["budget_us"] == cfg.budget_high_ns / 1000
+
+
+def test_high_request_revokes_the_normal_holder(daemon: Daemon, admin: AdminClient, zctx: zmq.Context) -> None:
+    cfg = daemon.policy.config
+    normal = TenantClient(add(admin, "n", 40, 100), zctx)
+    high = TenantClient(str(admin.call("add", tenant="h", request=60, priority="high")["endpoint"]), zctx)
+    lease = normal.acquire().fields[0]
+    high.request()
+    revoke = normal.expect(MsgType.REVOKE)
+    assert revoke.fields[:2] == (lease, cfg.budget_high_ns // 1000)
+    assert high.recv(0) is None  # the token is still the holder's until it releases
+    normal.release(lease, 2_000_000, more=True)
+    assert high.wait_grant(2).type == MsgType.GRANT
+    stats = admin.call("stats")["tenants"]
+    assert stats["n"]["revocations"] == 1 and stats["n"]["waiting"] == 1
+    assert stats["h"]["preempt_wait_us"]["samples"] == 1
+
+
+def test_a_holder_ignoring_a_revocation_loses_the_token(daemon: Daemon, admin: AdminClient,
+                                                        zctx: zmq.Context) -> None:
+    cfg = daemon.policy.config
+    normal = TenantClient(add(admin, "n", 40, 100), zctx)
+    high = TenantClient(str(admin.call("add", tenant="h", request=60, priority="high")["endpoint"]), zctx)
+    lease = normal.acquire().fields[0]
+    start = time.monotonic()
+    high.request()
+    normal.expect(MsgType.REVOKE)  # ... and never releases
+    assert high.wait_grant(2).type == MsgType.GRANT
+    waited_ms = (time.monotonic() - start) * 1000
+    reclaim_ms = (cfg.budget_high_ns + cfg.revoke_grace_ns) / MS
+    assert reclaim_ms <= waited_ms < reclaim_ms + 200  # not a whole lease: 10 ms quantum + 5 ms grace
+    assert admin.call("stats")["tenants"]["n"]["revoke_reclaims"] == 1
+    normal.release(lease, 30_000_000)  # late: accepted, the overrun charged
+    assert normal.recv(200) is None
+
+
+def test_a_high_holder_that_dies_frees_the_token(admin: AdminClient, zctx: zmq.Context) -> None:
+    high = TenantClient(str(admin.call("add", tenant="h", request=60, priority="high")["endpoint"]), zctx)
+    normal = TenantClient(add(admin, "n", 40, 100), zctx)
+    high.acquire()
+    normal.request()
+    assert normal.recv(0) is None  # a high holder is not revoked
+    high.close()  # the process died: its connection closes
+    assert normal.wait_grant(2).type == MsgType.GRANT
+
+
+def test_reports_reach_the_stats(admin: AdminClient, zctx: zmq.Context) -> None:
+    client = TenantClient(add(admin, "a", 40), zctx)
+    client.report(7, 3_000_000)
+    client.ping(9)
+    client.expect(MsgType.PONG)  # in order: the REPORT was handled
+    stats = admin.call("stats")["tenants"]["a"]
+    assert (stats["budget_hits"], stats["budget_wait_ms"]) == (7, 3.0)
+
+
+def test_admin_priority(daemon: Daemon, admin: AdminClient) -> None:
+    reply = admin.call("add", tenant="t", request=10, priority="urgent")
+    assert not reply["ok"] and "priority must be one of high, normal" in str(reply["error"])
+    assert not admin.call("add", tenant="t", request=10, priority=1)["ok"]
+    add(admin, "t", 10)
+    assert admin.call("update", tenant="t", priority="high")["priority"] == "high"
+    assert not admin.call("update", tenant="t", priority="low")["ok"]
+    assert admin.call("list")["tenants"][0]["priority"] == "high"
+    saved = json.loads((daemon.directory / "tenants.json").read_text())
+    assert saved["tenants"][0]["priority"] == "high"

@@ -37,12 +37,16 @@ def run_greedy(client: TenantClient, seconds: float, first_lease: int | None = N
     client.release(lease, 0)
 
 
-def test_sigkill_restart_restores_quotas(short_dir: Path, zctx: zmq.Context) -> None:
+@pytest.mark.parametrize("priority", ["normal", "high"])
+def test_sigkill_restart_restores_quotas(short_dir: Path, zctx: zmq.Context, priority: str) -> None:
+    """With a `high` tenant next door (and as the `high` one itself): quotas and priorities
+    come back, a `high` tenant is still held to its limit."""
     directory = short_dir / "sched"
     proc, admin = start(directory, zctx)
+    other = "normal" if priority == "high" else "high"
     try:
-        endpoint = admin.call("add", tenant="capped", request=10, limit=25)["endpoint"]
-        assert admin.call("add", tenant="other", request=50)["ok"]
+        endpoint = admin.call("add", tenant="capped", request=10, limit=25, priority=priority)["endpoint"]
+        assert admin.call("add", tenant="other", request=50, priority=other)["ok"]
         epoch = admin.call("stats")["epoch"]
         client = TenantClient(str(endpoint), zctx)
         old_lease = client.acquire().fields[0]
@@ -50,7 +54,8 @@ def test_sigkill_restart_restores_quotas(short_dir: Path, zctx: zmq.Context) -> 
         proc.wait(10)
         restarted = time.monotonic()
         proc, admin = start(directory, zctx)
-        assert {t["tenant"] for t in admin.call("list")["tenants"]} == {"capped", "other"}
+        assert {(t["tenant"], t["priority"]) for t in admin.call("list")["tenants"]} == {
+            ("capped", priority), ("other", other)}
         assert admin.call("stats")["epoch"] != epoch
         # The old lease is from before the restart: the client is told, and re-requests.
         client.release(old_lease, 1000, more=True)
@@ -112,7 +117,7 @@ def test_help_lists_options() -> None:
     out = subprocess.run([sys.executable, "-m", "token_scheduler", "--help"], cwd=REPO_ROOT,
                          capture_output=True, text=True, timeout=20, check=True).stdout
     for option in ("--gpu", "--dir", "--window", "--quantum-min", "--quantum-max", "--grace",
-                   "--log-level"):
+                   "--budget", "--budget-high", "--revoke-grace", "--log-level"):
         assert option in out
 
 

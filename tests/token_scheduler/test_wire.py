@@ -29,6 +29,7 @@ def test_header_is_16_bytes_little_endian() -> None:
         ("release", wire.encode_release(2, 7, 1234, more=True), MsgType.RELEASE, (7, 1234)),
         ("renew", wire.encode_renew(3, 8, 99), MsgType.RENEW, (8, 99)),
         ("ping", wire.encode_ping(4, 2**64 - 1), MsgType.PING, (2**64 - 1,)),
+        ("report", wire.encode_report(5, 12, 3_000_000), MsgType.REPORT, (12, 0, 3_000_000)),
     ],
 )
 def test_client_round_trip(desc: str, frame: bytes, msg_type: MsgType, fields: tuple) -> None:
@@ -48,6 +49,25 @@ def test_server_round_trip() -> None:
     assert err.fields == (ErrorCode.STALE_LEASE, 3) and err.text == "gone"
     pong = wire.decode_server(wire.encode_pong(7, 11, 0xABCD, wire.ClientState.HOLDING, 99))
     assert pong.fields == (11, 0xABCD, 2, 99)
+    revoke = wire.decode_server(wire.encode_revoke(0, 2**40 + 3, 1000))
+    assert (revoke.type, revoke.fields) == (MsgType.REVOKE, (2**40 + 3, 1000, 0))
+    budget = wire.decode_server(wire.encode_budget(8, 10_000, 1000))
+    assert (budget.type, budget.fields, budget.seq) == (MsgType.BUDGET, (10_000, 1000), 8)
+
+
+@pytest.mark.parametrize("frame", [wire.encode_revoke(1, 1, 1), wire.encode_budget(1, 1, 1)])
+def test_server_frames_sent_by_a_client_are_refused(frame: bytes) -> None:
+    with pytest.raises(WireError) as err:
+        wire.decode_client(frame)
+    assert err.value.code == ErrorCode.UNKNOWN_TYPE
+
+
+def test_report_of_the_wrong_size_is_malformed() -> None:
+    frame = wire.encode_report(1, 1, 1)
+    short = frame[:12] + struct.pack("<I", 8) + frame[16:24]
+    with pytest.raises(WireError) as err:
+        wire.decode_client(short)
+    assert err.value.code == ErrorCode.MALFORMED
 
 
 def test_error_text_is_bounded() -> None:

@@ -1,0 +1,81 @@
+"""The benches' GPU workloads (bench/c/workload.c) and the GPU time each process
+was served on the simulator, sampled over a run.
+
+The simulator charges a process's busy time as its work is served (gpusim's
+vcudasim.h), so the difference of two samples is the GPU time it got between
+them, whatever its launch queue holds: the way to compare tenants over a
+common window when some queue seconds of work between synchronizes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from py_vcuda.sim import SimReader
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build(out_dir: Path) -> Path:
+    """Compile bench/c/workload.c into out_dir; returns the executable."""
+    exe = out_dir / "workload"
+    cc = os.environ.get("CC") or shutil.which("cc") or "gcc"
+    subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", f"-I{REPO / 'libvcuda' / 'include'}",
+                    "-o", str(exe), str(REPO / "bench" / "c" / "workload.c"), "-ldl", "-lm"], check=True)
+    return exe
+
+
+class BusySampler:
+    """Samples (CLOCK_MONOTONIC ns, {pid: busy ns}) of device 0 every `interval_s` in a thread."""
+
+    def __init__(self, state_path: Path, interval_s: float = 0.05) -> None:
+        self.state_path = state_path
+        self.interval_s = interval_s
+        self.samples: list[tuple[int, dict[int, int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="busy-sampler", daemon=True)
+
+    def __enter__(self) -> BusySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        reader = None
+        while not self._stop.is_set():
+            try:
+                reader = reader or SimReader(self.state_path)
+                busy = {p.pid: p.busy_ns for p in reader.processes(0)}
+                self.samples.append((time.monotonic_ns(), busy))
+            except Exception:  # the state file appears with the first process
+                reader = None
+            self._stop.wait(self.interval_s)
+        if reader is not None:
+            reader.close()
+
+    def _span(self, start_ns: int, end_ns: int) -> tuple[int, int]:
+        """The first sample at or after start and the last at or before end (the process lives then)."""
+        times = [t for t, _ in self.samples]
+        i, j = bisect.bisect_left(times, start_ns), bisect.bisect_right(times, end_ns) - 1
+        if i >= j:
+            raise RuntimeError("fewer than two simulator samples in the window: run longer")
+        return i, j
+
+    def busy_between(self, pid: int, start_ns: int, end_ns: int) -> float:
+        """GPU seconds `pid` was served over the window (between the samples _span picks)."""
+        i, j = self._span(start_ns, end_ns)
+        return (self.samples[j][1].get(pid, 0) - self.samples[i][1].get(pid, 0)) / 1e9
+
+    def window(self, start_ns: int, end_ns: int) -> float:
+        """Seconds between the samples busy_between uses for this window."""
+        i, j = self._span(start_ns, end_ns)
+        return (self.samples[j][0] - self.samples[i][0]) / 1e9

@@ -49,6 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "its revocations wait for the holder's work (default 1ms)")
     parser.add_argument("--revoke-grace", type=_duration, default="5ms",
                         help="time past the budget before a revoked lease is reclaimed (default 5ms)")
+    parser.add_argument("--idle", type=_duration, default="1ms",
+                        help="how long a holder whose work completed waits for its next launch before "
+                             "it gives the token back (default 1ms)")
+    parser.add_argument("--idle-high", type=_duration, default="200us",
+                        help="the same for `high` tenants: short, since others wait meanwhile and a "
+                             "`high` tenant gets the token back within the budget (default 200us)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"], help="default info")
 
@@ -57,7 +63,8 @@ def config_from_args(args: argparse.Namespace) -> PolicyConfig:
     return PolicyConfig(window_ns=args.window, quantum_min_ns=args.quantum_min,
                         quantum_max_ns=args.quantum_max, grace_ns=args.grace,
                         budget_ns=args.budget, budget_high_ns=args.budget_high,
-                        revoke_grace_ns=args.revoke_grace)
+                        revoke_grace_ns=args.revoke_grace, idle_ns=args.idle,
+                        idle_high_ns=args.idle_high)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,9 @@ client messages in and sends out the grants `dispatch()` returns.
 
 Rules (DESIGN.md, token_scheduler):
 - one exclusive token per GPU, lent as a lease of one quantum;
-- usage = token-hold time inside a sliding window, overrun included;
+- usage = token-hold time inside a sliding window, overrun included; a holder
+  that releases before its last work completed (so that the next grant overlaps
+  it) is charged to that work's end, and the next holder from there;
 - tenants below their request first (largest deficit), none at its limit,
   otherwise least usage first, so the GPU never idles while someone may run;
 - quantum follows each tenant's measured bursts, within bounds;
@@ -210,6 +212,9 @@ class Lease:
     quantum_ns: int
     reclaim_at: int  # without a RELEASE by then the token is taken back
     revoked_at: int = 0  # 0: not revoked
+    # Charged from here: the grant, or the end of the previous holder's work when that
+    # holder released before its work completed (its tail ran into this lease).
+    charged_from: int = 0
 
 
 @dataclass
@@ -279,6 +284,7 @@ class Policy:
         self._next_lease = 1
         self._recheck_at: int | None = None  # when a tenant blocked at its limit may run
         self._high: dict[str, Tenant] = {}  # the `high` tenants, checked on every dispatch
+        self._charged_until = 0  # the last released holder's work ran (was charged) until then
 
     # --- tenants ------------------------------------------------------------
 
@@ -370,9 +376,14 @@ class Policy:
             and lease.client == client
         ):
             observed = now - lease.granted_at
-            held = min(max(held_ns, 0), observed)
+            # A holder releases up to about one handoff before its work completes, so that
+            # the next grant overlaps the last of it: held_ns then ends after now. Charge
+            # that tail too (at most one budget), and the next holder only from its end.
+            tail = min(max(held_ns - observed, 0), self.budget_ns(tenant_name))
+            held = min(max(held_ns, 0), observed + tail)
             # Charge what the scheduler saw: an idle holder still blocked others.
-            tenant.usage.add(lease.granted_at, now)
+            tenant.usage.add(lease.charged_from, now + tail)
+            self._charged_until = now + tail
             self._note_overrun(tenant, held, lease.quantum_ns)
             if not lease.revoked_at:  # a revoked hold was cut short: it says nothing of the burst
                 self._learn_burst(tenant, held, lease.quantum_ns, more)
@@ -423,7 +434,7 @@ class Policy:
         tenant.waiting.pop(client, None)
         lease = self.lease
         if lease is not None and lease.tenant == tenant_name and lease.client == client:
-            tenant.usage.add(lease.granted_at, self.clock())
+            tenant.usage.add(lease.charged_from, max(lease.charged_from, self.clock()))
             self.lease = None
 
     def client_state(self, tenant_name: str, client: ClientId) -> tuple[int, int]:
@@ -497,7 +508,8 @@ class Policy:
         lease_id = (self.epoch << 32) | self._next_lease
         self._next_lease = self._next_lease % 0xFFFFFFFF + 1
         self.lease = Lease(tenant.name, client, lease_id, now, now + quantum, quantum,
-                           now + quantum + self.config.grace_ns)
+                           now + quantum + self.config.grace_ns,
+                           charged_from=max(now, self._charged_until))
         stats = tenant.stats
         stats.grants += 1
         waited = now - waiter.since
@@ -581,7 +593,7 @@ class Policy:
         used = tenant.usage.usage(now, self.config.window_ns)
         lease = self.lease
         if lease is not None and lease.tenant == tenant.name:
-            used += now - max(lease.granted_at, now - self.config.window_ns)
+            used += max(0, now - max(lease.charged_from, now - self.config.window_ns))
         return used
 
     def usage_ns(self, tenant_name: str) -> int:
@@ -595,7 +607,7 @@ class Policy:
         held = tenant.usage.lifetime_ns
         lease = self.lease
         if lease is not None and lease.tenant == tenant.name:
-            held += max(0, min(now, lease.reclaim_at) - lease.granted_at)
+            held += max(0, min(now, lease.reclaim_at) - lease.charged_from)
         return held
 
     def _someone_else_may_run(self, holder: str, now: int) -> bool:
@@ -636,7 +648,7 @@ class Policy:
     def _expire(self, lease: Lease, now: int) -> None:
         tenant = self.tenants[lease.tenant]
         end = min(now, lease.reclaim_at)
-        tenant.usage.add(lease.granted_at, end)
+        tenant.usage.add(lease.charged_from, max(lease.charged_from, end))
         tenant.stats.expiries += 1
         if lease.revoked_at:
             tenant.stats.revoke_reclaims += 1

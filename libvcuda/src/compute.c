@@ -6,29 +6,35 @@
  * Launchers that find their gate closed wait on that client's condition
  * variable and wake its thread (an eventfd); the thread asks for the token,
  * opens the gate on GRANT and, while holding, waits on the scheduler's socket
- * until the next idle check: a process that launched nothing since the last
- * check and has no work left gives the token back at once; at the end of the
- * quantum, or at once on REVOKE, the gate closes, the thread waits for the
- * process's own GPU work and releases with the real hold time (overrun
- * included), asking again at once (MORE) when launchers are waiting. A
- * process blocked in a synchronize launches nothing but is not idle: the idle
- * check closes the gate, lets the process's work finish and keeps the token
- * if a launcher arrives within a short grace (it is woken the moment one
- * does).
+ * until the next look at the process: one that launched nothing since the
+ * last look may be idle or blocked in a synchronize, so the thread waits for
+ * its work and gives it a short grace to launch again, the gate open all
+ * along (a launch meanwhile runs at once and the hold goes on); if none came,
+ * it closes the gate and gives the token back. At the end of the quantum, or
+ * at once on REVOKE, the gate closes, the thread waits for the process's own
+ * GPU work and releases with the real hold time (overrun included), asking
+ * again at once (MORE) when launchers are waiting. When every launcher waits
+ * (at the gate, where each first seals its launches with a checkpoint, or for
+ * room) the checkpoints tell what is left, and the release goes out about one
+ * handoff before that work ends (await_tail): the next holder's grant and
+ * wake-up overlap it, and held_ns covers it.
  *
  * In-flight budget ("flight"): while a lease is held, every K-th launch of a
  * thread records a checkpoint event on its stream. Checkpoints complete in
  * order; the GPU time of one launch is measured between two of them
  * (cuEventElapsedTime) when the later one was queued behind the earlier, so
  * the GPU ran them back to back; across an idle gap the figure is only an
- * upper bound, used for K until a back-to-back one comes. The launcher then
+ * upper bound, used for K until a back-to-back one comes (and to lower a
+ * measured figure that is above it). Back to back means the earlier was still
+ * pending when the segment's first launch was made. The launcher then
  * waits while the work still in flight, estimated from the pending
  * checkpoints and how long the oldest has been running, leaves no room for
  * its next K launches under the budget: blocking on the oldest checkpoint
  * when even without it there would be too much, else sleeping until the
- * oldest is about to finish, so the GPU never runs dry waiting for us. The
- * bound is max(budget, K launches + FLIGHT_LEAD_NS): a single kernel longer
- * than the budget cannot be cut. */
+ * oldest is about to finish (a lead learnt between FLIGHT_LEAD_MIN_NS and
+ * FLIGHT_LEAD_MAX_NS from whether it woke too late), so the GPU never runs
+ * dry waiting for us. The bound is max(budget, K launches + the lead): a
+ * single kernel longer than the budget cannot be cut. */
 #include "compute.h"
 
 #include <errno.h>
@@ -66,7 +72,12 @@ enum { ERR_STALE_LEASE = 5, ERR_LEASE_EXPIRED = 6, ERR_TENANT_REMOVED = 9 };
 #define FLIGHT_RING 16                /* checkpoints tracked at once */
 #define FLIGHT_MAX_K 256              /* launches between checkpoints at most: budget changes apply soon */
 #define FLIGHT_MAX_K_UNSURE 64        /* ... while only upper bounds of the time per launch are known */
-#define FLIGHT_LEAD_NS 100000ull      /* issue the next launch this long before the GPU would run dry */
+#define FLIGHT_LEAD_NS 100000ull      /* issue the next launch this long before the GPU would run dry, */
+#define FLIGHT_LEAD_MIN_NS 20000ull   /* ... learnt within these bounds: longer each time the GPU ran */
+#define FLIGHT_LEAD_MAX_NS 200000ull  /* dry while a launcher waited, a little shorter each time not */
+#define FLIGHT_LEAD_STEP_NS 20000ull
+#define HANDOFF_LEAD_NS 200000ull     /* a lease ends this long before its work does: the next holder's
+                                      * grant and wake-up overlap the last of it (about one handoff) */
 #define FLIGHT_POLL_NS 500000ull      /* a wait on an estimate looks at the checkpoints again this often */
 #define CLIENT_TIMER_SLACK_NS 1000    /* the client thread's sleeps end within 1 us, not the default 50 */
 
@@ -74,8 +85,9 @@ enum { ERR_STALE_LEASE = 5, ERR_LEASE_EXPIRED = 6, ERR_TENANT_REMOVED = 9 };
 struct checkpoint {
     CUevent event;
     uint32_t launches;    /* launches of the segment it ends */
-    bool backlogged;      /* the previous one was pending when it was recorded: its segment ran
-                           * back to back, so the time between the two is GPU time, no idle gap */
+    bool backlogged;      /* the previous one was pending when the segment's first launch was
+                           * made: it ran back to back, so the time between the two is GPU time */
+    uint64_t recorded_ns; /* when: a segment not backlogged may have started as late as this */
 };
 
 /* In-flight state of one device, shared by the launching threads (flight.lock). */
@@ -94,6 +106,10 @@ struct flight {
     uint64_t done_seen_ns;                 /* when we saw it complete (its successor started after) */
     uint64_t launch_ns;                    /* measured GPU time per launch; 0: not yet */
     uint64_t launch_bound_ns;              /* an upper bound of it, from segments with idle gaps; 0: none */
+    uint64_t lead_ns;                      /* how early a waiting launcher launches (FLIGHT_LEAD_*) */
+    bool behind;                           /* the newest checkpoint was pending at the last launch
+                                            * through checkpoint(): the segment it began is queued
+                                            * behind it (a late launch would time the GPU's idle gap) */
     _Atomic int k;                         /* launches between checkpoints */
     _Atomic int waiting;                   /* threads waiting for room: the process is busy, not idle */
     uint32_t hits;                         /* checkpoints that had to wait, since the last REPORT */
@@ -133,6 +149,16 @@ static void sleep_until(uint64_t t) {
     struct timespec ts = to_timespec(t);
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {
     }
+}
+
+/* A launcher waiting for room under the budget must wake on time, or the GPU
+ * runs dry: its thread's timer slack (50 us by default) is lowered for the
+ * sleep and restored after. */
+static void sleep_until_precisely(uint64_t t) {
+    int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    if (slack > CLIENT_TIMER_SLACK_NS) prctl(PR_SET_TIMERSLACK, CLIENT_TIMER_SLACK_NS, 0, 0, 0);
+    sleep_until(t);
+    if (slack > CLIENT_TIMER_SLACK_NS) prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
 }
 
 static void put32(unsigned char *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
@@ -202,15 +228,19 @@ static void flight_complete_front(struct flight *f, uint64_t seen_ns) {
     struct checkpoint cp = f->ring[f->head];
     f->head = (f->head + 1) % FLIGHT_RING;
     f->count--;
-    if (f->have_done) {
+    if (f->have_done && f->done.event != NULL) {
         float ms = 0;
         if (cp.launches > 0 && vcuda_real.cuEventElapsedTime(&ms, f->done.event, cp.event) == CUDA_SUCCESS &&
             ms >= 0) {
             uint64_t per = (uint64_t)((double)ms * 1e6) / cp.launches + 1;
             if (cp.backlogged) /* GPU time: an average of the last few */
                 f->launch_ns = f->launch_ns ? (f->launch_ns + per) / 2 : per;
-            else /* idle gaps included: only ever an upper bound */
+            else { /* idle gaps included: only ever an upper bound, but one below the
+                    * measured figure proves that figure too high (launching late makes
+                    * gaps, which would otherwise keep it high) */
                 f->launch_bound_ns = f->launch_bound_ns && f->launch_bound_ns < per ? f->launch_bound_ns : per;
+                if (f->launch_ns > per) f->launch_ns = per;
+            }
             flight_update_k(f);
         }
         spare_put(f, f->done.event);
@@ -229,6 +259,16 @@ static void flight_settle(struct flight *f) {
     }
 }
 
+/* Caller holds f->lock, f->have_done, f->count > 0. When the oldest pending
+ * segment started running, at the latest: when its predecessor was seen to
+ * complete, if it was queued behind it; else it may have waited for its own
+ * launches, so no earlier than its checkpoint (an idle GPU is never counted as
+ * its progress: estimates err towards more work left). */
+static uint64_t oldest_started(const struct flight *f) {
+    const struct checkpoint *cp = &f->ring[f->head];
+    return !cp->backlogged && cp->recorded_ns > f->done_seen_ns ? cp->recorded_ns : f->done_seen_ns;
+}
+
 enum room { ROOM, BLOCK, SLEEP };
 
 /* Caller holds f->lock. Whether the next `k` launches fit under the budget now
@@ -240,14 +280,16 @@ static enum room flight_room(const struct flight *f, int k, uint64_t now, uint64
     uint64_t t = f->launch_ns;
     if (t == 0) return f->count > 1 ? BLOCK : ROOM; /* not measured yet: one segment in flight */
     uint64_t next = (uint64_t)k * t;
-    uint64_t room = f->budget_ns > next + FLIGHT_LEAD_NS ? f->budget_ns - next : FLIGHT_LEAD_NS;
+    uint64_t lead = f->lead_ns;
+    uint64_t room = f->budget_ns > next + lead ? f->budget_ns - next : lead;
     uint64_t oldest = (uint64_t)f->ring[f->head].launches * t, rest = 0;
     for (int i = 1; i < f->count; i++) rest += (uint64_t)f->ring[(f->head + i) % FLIGHT_RING].launches * t;
     if (rest > room) return BLOCK;
-    /* The oldest segment runs since its predecessor completed. Without one in this lease
-     * when it started is unknown: wait for it to complete, woken the moment it does. */
+    /* The oldest segment runs since oldest_started(). Without a completed checkpoint in
+     * this lease when it started is unknown: wait for it to complete, woken the moment it does. */
     if (!f->have_done) return oldest + rest > room ? BLOCK : ROOM;
-    uint64_t ran = now > f->done_seen_ns ? now - f->done_seen_ns : 0;
+    uint64_t started = oldest_started(f);
+    uint64_t ran = now > started ? now - started : 0;
     uint64_t left = ran < oldest ? oldest - ran : 0;
     if (left + rest <= room) return ROOM;
     uint64_t wait = left + rest - room;
@@ -260,7 +302,7 @@ static enum room flight_room(const struct flight *f, int k, uint64_t now, uint64
  * current one is tracked. */
 static bool flight_use_context(struct flight *f, CUcontext ctx) {
     if (ctx == f->ctx) return true;
-    if (f->count > 0 || f->have_done) return false;
+    if (f->count > 0 || (f->have_done && f->done.event != NULL)) return false;
     CUdevice dev;
     bool alive = f->ctx != NULL && vcuda_context_lookup(f->ctx, &dev);
     while (f->nspare > 0) {
@@ -269,6 +311,45 @@ static bool flight_use_context(struct flight *f, CUcontext ctx) {
     }
     f->ctx = ctx;
     return true;
+}
+
+/* Caller holds f->lock. Records a checkpoint ending a segment of `launches` on `stream`. */
+static void record(struct token_client *c, CUstream stream, int ptsz, int launches) {
+    struct flight *f = &c->flight;
+    if (f->count >= FLIGHT_RING) return;
+    CUevent ev = NULL;
+    if (f->nspare > 0) ev = f->spare[--f->nspare];
+    else if (vcuda_real.cuEventCreate(&ev, CU_EVENT_DEFAULT) != CUDA_SUCCESS) ev = NULL;
+    /* A NULL stream through a _ptsz entry point is this thread's per-thread stream. */
+    CUstream s = stream == NULL && ptsz ? CU_STREAM_PER_THREAD : stream;
+    if (ev != NULL && vcuda_real.cuEventRecord(ev, s) == CUDA_SUCCESS) {
+        f->ring[(f->head + f->count) % FLIGHT_RING] =
+            (struct checkpoint){.event = ev, .launches = (uint32_t)launches, .backlogged = f->count > 0 && f->behind,
+                                .recorded_ns = now_ns()};
+        f->count++;
+    } else if (ev != NULL) {
+        /* Likely a stream of another context: no checkpoint this time. */
+        vcuda_debug("device %d: no in-flight checkpoint on stream %p", c->device, (void *)s);
+        spare_put(f, ev);
+    }
+}
+
+/* A launch found the gate closed: the thread's launches since its last
+ * checkpoint get one of their own, so that the end of the lease knows all its
+ * work in flight (await_tail). */
+static void seal(struct token_client *c, CUstream stream, int ptsz) {
+    struct flight *f = &c->flight;
+    pthread_mutex_lock(&f->lock);
+    int k = atomic_load_explicit(&f->k, memory_order_relaxed);
+    int launched = k - 1 - vcuda_thread_countdown; /* the countdown was set to k - 1 at its last checkpoint */
+    CUcontext ctx = NULL;
+    if (f->active && launched >= 1 && launched <= k && vcuda_real.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS &&
+        ctx != NULL && flight_use_context(f, ctx)) {
+        flight_settle(f);
+        record(c, stream, ptsz, launched);
+        vcuda_thread_countdown = k - 1;
+    }
+    pthread_mutex_unlock(&f->lock);
 }
 
 /* The countdown ran out (gate open): record a checkpoint on the launch's
@@ -289,24 +370,17 @@ static void checkpoint(struct token_client *c, CUstream stream, int ptsz) {
         return;
     }
     flight_settle(f);
-    if (f->count < FLIGHT_RING) {
-        CUevent ev = NULL;
-        if (f->nspare > 0) ev = f->spare[--f->nspare];
-        else if (vcuda_real.cuEventCreate(&ev, CU_EVENT_DEFAULT) != CUDA_SUCCESS) ev = NULL;
-        /* A NULL stream through a _ptsz entry point is this thread's per-thread stream. */
-        CUstream s = stream == NULL && ptsz ? CU_STREAM_PER_THREAD : stream;
-        if (ev != NULL && vcuda_real.cuEventRecord(ev, s) == CUDA_SUCCESS) {
-            f->ring[(f->head + f->count) % FLIGHT_RING] =
-                (struct checkpoint){.event = ev, .launches = (uint32_t)k, .backlogged = f->count > 0};
-            f->count++;
-        } else if (ev != NULL) {
-            /* Likely a stream of another context: no checkpoint this time. */
-            vcuda_debug("device %d: no in-flight checkpoint on stream %p", c->device, (void *)s);
-            spare_put(f, ev);
-        }
+    if (!f->have_done && f->count == 0) {
+        /* The lease's first checkpoint. Its segment's work started in this lease
+         * (the last one drained), before now: taking now as its start errs
+         * towards launching late, never towards more than the budget. */
+        f->have_done = true;
+        f->done = (struct checkpoint){.event = NULL};
+        f->done_seen_ns = now_ns();
     }
+    record(c, stream, ptsz, k);
     uint64_t start = now_ns(), until = 0;
-    bool hit = false;
+    bool hit = false, slept = false;
     for (;;) {
         enum room room = flight_room(f, k, now_ns(), &until);
         if (room == ROOM) break;
@@ -316,7 +390,8 @@ static void checkpoint(struct token_client *c, CUstream stream, int ptsz) {
         atomic_fetch_add_explicit(&f->waiting, 1, memory_order_relaxed);
         pthread_mutex_unlock(&f->lock);
         if (room == BLOCK) vcuda_real.cuEventSynchronize(oldest);
-        else sleep_until(until);
+        else sleep_until_precisely(until);
+        slept |= room == SLEEP;
         pthread_mutex_lock(&f->lock);
         atomic_fetch_sub_explicit(&f->waiting, 1, memory_order_relaxed);
         if (f->gen != gen) break; /* the lease ended meanwhile: its work was drained */
@@ -327,7 +402,74 @@ static void checkpoint(struct token_client *c, CUstream stream, int ptsz) {
         f->hits++;
         f->wait_ns += now_ns() - start;
     }
+    f->behind = f->count > 0 &&
+                vcuda_real.cuEventQuery(f->ring[(f->head + f->count - 1) % FLIGHT_RING].event) == CUDA_ERROR_NOT_READY;
+    if (slept && f->active) {
+        /* Woken to launch just before the GPU runs out of this process's work:
+         * if it already ran out (the newest checkpoint completed), wake earlier
+         * from now on; else a little later. The lead settles where the thread's
+         * wake-ups are rarely late, whatever the machine. */
+        bool dry = !f->behind;
+        uint64_t lead = dry ? f->lead_ns + FLIGHT_LEAD_STEP_NS : f->lead_ns - FLIGHT_LEAD_STEP_NS / 10;
+        f->lead_ns = lead < FLIGHT_LEAD_MIN_NS ? FLIGHT_LEAD_MIN_NS : lead > FLIGHT_LEAD_MAX_NS ? FLIGHT_LEAD_MAX_NS : lead;
+    }
     pthread_mutex_unlock(&f->lock);
+}
+
+static int waiting_launchers(struct token_client *c) {
+    pthread_mutex_lock(&c->lock);
+    int n = c->waiters;
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
+/* Caller holds f->lock, checkpoints settled. The process's work on the GPU not
+ * yet run, estimated: the segments after the newest completed checkpoint, plus
+ * the launches since the newest pending one (at most K; none when `sealed`:
+ * every launcher waits, for room or at the gate, and sealed its segment), less
+ * what ran since that completed. An idle gap on the way
+ * makes it low. UINT64_MAX: no estimate (nothing measured, or no checkpoint in
+ * this lease). */
+static uint64_t flight_left(const struct flight *f, uint64_t now, bool sealed) {
+    uint64_t t = f->launch_ns;
+    if (t == 0 || !f->have_done) return UINT64_MAX;
+    uint64_t total = 0;
+    for (int i = 0; i < f->count; i++) total += (uint64_t)f->ring[(f->head + i) % FLIGHT_RING].launches * t;
+    if (!sealed) total += (uint64_t)atomic_load_explicit(&f->k, memory_order_relaxed) * t;
+    uint64_t started = f->count > 0 ? oldest_started(f) : f->done_seen_ns;
+    uint64_t ran = now > started ? now - started : 0;
+    return total > ran ? total - ran : 0;
+}
+
+/* The gate is closed: waits until what is left of the process's work would
+ * finish within about one handoff, and returns that estimate (UINT64_MAX:
+ * none, the caller drains). */
+static uint64_t await_tail(struct token_client *c) {
+    struct flight *f = &c->flight;
+    for (;;) {
+        bool sealed = waiting_launchers(c) > 0;
+        pthread_mutex_lock(&f->lock);
+        flight_settle(f);
+        sealed |= atomic_load_explicit(&f->waiting, memory_order_relaxed) > 0;
+        /* Only while every launcher waits is all the work in flight on checkpoints;
+         * otherwise the estimate is a guess: drain. */
+        uint64_t now = now_ns(), left = sealed ? flight_left(f, now, true) : UINT64_MAX;
+        /* Wait for the older segments on their events: when the last one started is then known
+         * to the wake-up, where an estimate would drift. */
+        uint64_t newest = f->count > 0 ? (uint64_t)f->ring[(f->head + f->count - 1) % FLIGHT_RING].launches * f->launch_ns : 0;
+        CUevent oldest = f->count > 1 && left != UINT64_MAX && left > newest + HANDOFF_LEAD_NS ? f->ring[f->head].event : NULL;
+        pthread_mutex_unlock(&f->lock);
+        if (left == UINT64_MAX || left <= HANDOFF_LEAD_NS) return left;
+        if (oldest != NULL) {
+            vcuda_real.cuEventSynchronize(oldest);
+            pthread_mutex_lock(&f->lock);
+            if (f->count > 0 && f->ring[f->head].event == oldest) flight_complete_front(f, now_ns());
+            pthread_mutex_unlock(&f->lock);
+            continue;
+        }
+        uint64_t wait = left - HANDOFF_LEAD_NS;
+        sleep_until(now + (wait < FLIGHT_POLL_NS ? wait : FLIGHT_POLL_NS));
+    }
 }
 
 /* A lease starts (the budget applies) or ended (its work was drained, so every
@@ -342,19 +484,13 @@ static void flight_lease(struct token_client *c, bool active) {
         f->head = (f->head + 1) % FLIGHT_RING;
         f->count--;
     }
-    if (f->have_done) spare_put(f, f->done.event);
+    if (f->have_done && f->done.event != NULL) spare_put(f, f->done.event);
     f->have_done = false;
     pthread_mutex_unlock(&f->lock);
 }
 
 /* ---- the client thread ------------------------------------------------------------------------- */
 
-static int waiting_launchers(struct token_client *c) {
-    pthread_mutex_lock(&c->lock);
-    int n = c->waiters;
-    pthread_mutex_unlock(&c->lock);
-    return n;
-}
 
 /* Launchers blocked at the gate, waiting for room under the budget, or launching
  * since the last look: the process has more work for the GPU. */
@@ -459,8 +595,8 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
     uint64_t receipt = now_ns();
     /* Close the gate early by the time the process's queued work usually takes
      * to drain, so the hold, overrun included, stays within the quantum. */
-    uint64_t early = c->drain_ns < quantum_ns / 2 ? c->drain_ns : quantum_ns / 2;
-    uint64_t end = receipt + quantum_ns - early;
+    uint64_t lead = c->drain_ns < quantum_ns / 2 ? c->drain_ns : quantum_ns / 2;
+    uint64_t end = receipt + quantum_ns - lead;
     /* Idle checks a quarter quantum apart, but at most a few idle graces: a tenant told to
      * give the token back quickly (a high one) must also notice quickly that it is idle. */
     uint64_t check = quantum_ns / 4 < 4 * c->idle_grace_ns ? quantum_ns / 4 : 4 * c->idle_grace_ns;
@@ -470,51 +606,75 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
     atomic_store_explicit(&c->gate->launched, 0, memory_order_relaxed);
     flight_lease(c, true);
     set_gate(c, 1);
+    uint64_t look = check; /* until the next look at the process */
     for (;;) {
         uint64_t t = now_ns();
-        why = wait_event(c, lease, t + check < end ? t + check : end, false);
+        why = wait_event(c, lease, t + look < end ? t + look : end, false);
         if (why != WAKE_TIMEOUT || now_ns() >= end) break;
-        if (atomic_exchange_explicit(&c->gate->launched, 0, memory_order_relaxed) ||
-            atomic_load_explicit(&c->flight.waiting, memory_order_relaxed) > 0)
-            continue;
-        /* No launch since the last check: idle, or blocked in a synchronize on
-         * its own work. Close the gate, let that work finish, and see whether
-         * the process wants to launch again right away. */
-        set_gate(c, 0);
+        look = check;
+        if (busy(c)) continue;
+        /* No launch since the last look: idle, or blocked in a synchronize on
+         * its own work. Let that work finish and give the process its grace to
+         * launch again, the gate open all along: a launch meanwhile runs at
+         * once, and the hold goes on. A process that launched meanwhile is
+         * looked at again after a grace, not a whole check: its new work may
+         * be short. */
         drain_own_work(c);
-        why = wait_event(c, lease, now_ns() + c->idle_grace_ns, true);
-        idle = why == WAKE_TIMEOUT;
-        if (why != WAKE_LAUNCHER) break; /* idle: give the token back; or revoked, or lost */
-        why = WAKE_TIMEOUT;
-        if (now_ns() >= end) break;
-        set_gate(c, 1);
+        look = c->idle_grace_ns;
+        if (busy(c)) continue;
+        why = wait_event(c, lease, now_ns() + c->idle_grace_ns, false);
+        if (why != WAKE_TIMEOUT) break; /* revoked, or lost */
+        if (busy(c)) continue;
+        /* Idle: close the gate and give the token back, unless a launch slipped
+         * in as it closed (it is on the GPU: hold on). */
+        set_gate(c, 0);
+        if (busy(c)) {
+            set_gate(c, 1);
+            continue;
+        }
+        idle = true;
+        break;
     }
     set_gate(c, 0);
     uint64_t closed = now_ns();
-    drain_own_work(c); /* at most the in-flight budget */
-    uint64_t done = now_ns();
-    flight_lease(c, false);
+    if (why == WAKE_LOST) { /* the scheduler ended the lease with the connection */
+        drain_own_work(c);
+        flight_lease(c, false);
+        return false;
+    }
+    /* Revoked or at the quantum's end, the lease ends about one handoff before
+     * its work does: the next holder's grant and wake-up overlap the last of
+     * it instead of leaving the GPU idle. An idle process's work is done. */
+    uint64_t left = idle ? UINT64_MAX : await_tail(c);
+    bool early = left != UINT64_MAX;
+    if (!early) drain_own_work(c); /* at most the in-flight budget */
+    uint64_t done = now_ns() + (early ? left : 0);
     uint64_t held = done - receipt;
     c->burst_ns = c->burst_ns ? (c->burst_ns * 3 + held) / 4 : held;
-    c->drain_ns = (c->drain_ns * 3 + (done - closed)) / 4;
-    if (why == WAKE_LOST) return false; /* the scheduler ended the lease with the connection */
+    c->drain_ns = (c->drain_ns * 3 + (now_ns() - closed)) / 4;
     bool more;
-    if (why == WAKE_REVOKED) {
-        more = busy(c); /* answer at once: the revoking tenant waits */
-    } else if (idle) {
-        more = false; /* it just waited its grace for a launch */
+    if (why == WAKE_REVOKED || idle || early) {
+        /* Revoked: answer at once, the revoking tenant waits. Idle: a launch
+         * that came as the gate closed. At the quantum's end: launchers wait. */
+        more = busy(c);
     } else {
         /* A process that was waiting on its own work launches again as soon as
          * it completed: ask again at once (MORE) rather than queue behind others. */
         why = wait_event(c, lease, now_ns() + c->idle_grace_ns, true);
         more = why == WAKE_LAUNCHER || (why == WAKE_REVOKED && busy(c));
-        if (why == WAKE_LOST) return false;
+        if (why == WAKE_LOST) {
+            flight_lease(c, false);
+            return false;
+        }
     }
-    vcuda_debug("device %d lease %llx: quantum %llu us, held %llu us (drain %llu us), %s%s",
+    vcuda_debug("device %d lease %llx: quantum %llu us, held %llu us (drain %llu us%s), %s%s",
                 c->device, (unsigned long long)lease, (unsigned long long)(quantum_ns / 1000),
                 (unsigned long long)(held / 1000), (unsigned long long)((done - closed) / 1000),
-                why == WAKE_REVOKED ? "revoked, " : "", more ? "more" : "done");
+                early ? ", released before its end" : "", why == WAKE_REVOKED ? "revoked, " : "",
+                more ? "more" : "done");
     send_msg(c, MSG_RELEASE, more ? FLAG_MORE : 0, lease, held);
+    if (early) drain_own_work(c); /* before the next lease: it starts with nothing in flight */
+    flight_lease(c, false);
     struct flight *f = &c->flight;
     pthread_mutex_lock(&f->lock);
     uint32_t hits = f->hits;
@@ -612,6 +772,7 @@ CUresult vcuda_launch_slow(struct vcuda_gate *gate, CUstream stream, int ptsz) {
     struct token_client *c = &clients[gate - vcuda_gates];
     for (;;) {
         if (!atomic_load_explicit(&gate->open, memory_order_acquire)) {
+            seal(c, stream, ptsz);
             CUresult rc = gate_wait(c);
             if (rc != CUDA_SUCCESS) return rc;
             int k = atomic_load_explicit(&c->flight.k, memory_order_relaxed);
@@ -649,6 +810,7 @@ static void clients_reset(void) {
         pthread_cond_init(&c->opened, NULL);
         pthread_mutex_init(&c->flight.lock, NULL);
         c->flight.budget_ns = DEFAULT_BUDGET_NS; /* and launch_ns = 0: measured on the first leases */
+        c->flight.lead_ns = FLIGHT_LEAD_NS;
         c->idle_grace_ns = IDLE_GRACE_NS;
         atomic_store(&c->flight.k, 1);
         /* Without a scheduler nothing is limited: the gate stays open. */

@@ -370,3 +370,33 @@ def test_lifetime_hold_counter_outlives_the_window_and_never_decreases() -> None
         seen.append(policy.stats()["tenants"]["a"]["held_ms_total"])
     assert len(seen) > 4 and seen == sorted(seen)
     assert seen[-1] == pytest.approx(500 + (grant.quantum_ns + CFG.grace_ns) / MS)
+
+
+def test_release_before_the_work_completed_charges_its_tail_and_the_next_holder_after_it() -> None:
+    """A holder may release up to a handoff before its last work completes (held_ns past
+    the release): it is charged to that work's end, the next holder only from there."""
+    policy, clock = make(("a", 50, 100), ("b", 50, 100))
+    policy.request("a", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None
+    policy.request("b", b"1", 0)
+    clock.advance(4 * MS)
+    policy.release("a", b"1", grant.lease_id, 4 * MS + 300_000, more=False)
+    assert policy.usage_ns("a") == 4 * MS + 300_000
+    nxt = policy.dispatch()
+    assert nxt is not None and nxt.tenant == "b"
+    clock.advance(2 * MS)
+    assert policy.usage_ns("b") == 2 * MS - 300_000
+    policy.release("b", b"1", nxt.lease_id, 2 * MS, more=False)
+    assert policy.usage_ns("b") == 2 * MS - 300_000
+    assert policy.usage_ns("a") == 4 * MS + 300_000
+
+
+def test_a_claimed_tail_is_charged_at_most_one_budget() -> None:
+    policy, clock = make(("a", 50, 100))
+    policy.request("a", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None
+    clock.advance(1 * MS)
+    policy.release("a", b"1", grant.lease_id, 10 * SECOND, more=False)
+    assert policy.usage_ns("a") == 1 * MS + policy.budget_ns("a")

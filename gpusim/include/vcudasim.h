@@ -148,6 +148,15 @@
  *  context (a library loaded with none current: never). Unload returns both;
  *  destroying the context returns what was loaded into it.
  *
+ *  Stream capture rules. A capture begun GLOBAL or THREAD_LOCAL forbids the
+ *  capturing thread potentially unsafe calls (cuCtxSynchronize,
+ *  cuStreamSynchronize, cuStreamQuery, cuEventSynchronize, cuEventQuery); a
+ *  GLOBAL one forbids them to every other thread in GLOBAL mode too; a thread
+ *  opts out with cuThreadExchangeStreamCaptureMode(RELAXED).
+ *  cuCtxSynchronize is forbidden to everyone while any stream captures. A
+ *  forbidden call returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the
+ *  captures it concerns end with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED.
+ *
  *  Graph memory (VCUDASIM_MEM_GRAPH). Graph allocation nodes come from
  *  allocations on a capturing stream or cuGraphAddMemAllocNode (on a graph
  *  from cuGraphCreate; such graphs have no kernel nodes); free nodes from

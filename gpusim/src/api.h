@@ -214,6 +214,8 @@
       (CUstream hStream, CUstreamCaptureStatus *captureStatus))                                    \
     X(cuStreamIsCapturing, 10000, 1, cuStreamIsCapturing_ptsz,                                     \
       (CUstream hStream, CUstreamCaptureStatus *captureStatus))                                    \
+    X(cuThreadExchangeStreamCaptureMode, 10010, 0, cuThreadExchangeStreamCaptureMode,              \
+      (CUstreamCaptureMode *mode))                                                                 \
     X(cuGraphInstantiateWithFlags, 11040, 0, cuGraphInstantiateWithFlags,                          \
       (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags))                        \
     X(cuGraphInstantiate, 12000, 0, cuGraphInstantiateWithFlags,                                   \

@@ -356,6 +356,8 @@ SIM_EXPORT CUresult cuCtxSynchronize(void)
 {
     struct sim_ctx *c;
     CUresult rc = sim_require_ctx(&c);
+    if (rc == CUDA_SUCCESS)
+        rc = sim_capture_context_sync();
     if (rc != CUDA_SUCCESS)
         return rc;
     sim_ctx_drain(c);

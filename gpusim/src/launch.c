@@ -5,6 +5,7 @@
  * the CU_LAUNCH_PARAM_BUFFER_POINTER buffer when `extra` is used. No
  * parameters: 0 us. Grid and block sizes do not change the duration. */
 #define _GNU_SOURCE
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,6 +142,57 @@ CUresult sim_graph_append(struct sim_graph *g, uint64_t dur_us)
     return CUDA_SUCCESS;
 }
 
+/* Capture interaction modes, as the driver documents them
+ * (cuThreadExchangeStreamCaptureMode): a thread in GLOBAL mode (the default)
+ * may make no potentially unsafe call while it has a capture of its own not
+ * begun RELAXED, or while another thread has one begun GLOBAL; THREAD_LOCAL
+ * only minds its own; RELAXED is never prohibited. A prohibited call fails and
+ * invalidates the captures that prohibited it: their cuStreamEndCapture
+ * returns CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. Real frameworks hit this
+ * (PyTorch captures GLOBAL), so a shim thread that synchronizes or queries
+ * events during an application's capture must opt out (RELAXED). Whatever the
+ * mode, synchronizing a whole context while one of its streams captures is
+ * invalid (a broader handle than the capture) and invalidates every capture. */
+static __thread CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+static __thread unsigned own_strict, own_global; /* this thread's captures not RELAXED, and GLOBAL */
+static __thread unsigned own_violations;
+static _Atomic unsigned global_captures, global_violations;
+static _Atomic unsigned any_captures, context_violations; /* captures of every mode; whole-context syncs */
+
+CUresult sim_capture_context_sync(void)
+{
+    if (atomic_load(&any_captures)) {
+        atomic_fetch_add(&context_violations, 1);
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    return sim_capture_unsafe_call();
+}
+
+CUresult sim_capture_unsafe_call(void)
+{
+    if (thread_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_SUCCESS;
+    if (own_strict) {
+        own_violations++;
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (thread_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && atomic_load(&global_captures) > own_global) {
+        atomic_fetch_add(&global_violations, 1);
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    return CUDA_SUCCESS;
+}
+
+SIM_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    if (!mode || (unsigned)*mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureMode old = thread_mode;
+    thread_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
 static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, bool ptsz)
 {
     struct sim_stream *s;
@@ -160,6 +212,16 @@ static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, bool ptsz)
         free(g);
     } else {
         s->capture = g;
+        s->capture_mode = mode;
+        s->capture_owner = pthread_self();
+        s->capture_snap_global = atomic_load(&global_violations);
+        s->capture_snap_own = own_violations;
+        s->capture_snap_context = atomic_load(&context_violations);
+        atomic_fetch_add(&any_captures, 1);
+        own_strict += mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+        own_global += mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+        if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
+            atomic_fetch_add(&global_captures, 1);
     }
     pthread_mutex_unlock(&sim.mu);
     return rc;
@@ -173,14 +235,35 @@ static CUresult end_capture(CUstream h, CUgraph *phGraph, bool ptsz)
     CUresult rc = sim_stream_resolve(h, ptsz, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
+    struct sim_graph *invalid = NULL;
     pthread_mutex_lock(&sim.mu);
     if (!s->capture) {
         rc = CUDA_ERROR_ILLEGAL_STATE;
+    } else if (s->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
+               !pthread_equal(s->capture_owner, pthread_self())) {
+        rc = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
     } else {
-        *phGraph = (CUgraph)s->capture;
+        CUstreamCaptureMode mode = s->capture_mode;
+        own_strict -= mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+        own_global -= mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+        if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
+            atomic_fetch_sub(&global_captures, 1);
+        atomic_fetch_sub(&any_captures, 1);
+        bool violated = atomic_load(&context_violations) != s->capture_snap_context || (mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                         atomic_load(&global_violations) != s->capture_snap_global) ||
+                        (mode != CU_STREAM_CAPTURE_MODE_RELAXED && own_violations != s->capture_snap_own);
+        if (violated) {
+            invalid = s->capture;
+            *phGraph = NULL;
+            rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        } else {
+            *phGraph = (CUgraph)s->capture;
+        }
         s->capture = NULL;
     }
     pthread_mutex_unlock(&sim.mu);
+    if (invalid)
+        cuGraphDestroy((CUgraph)invalid);
     return rc;
 }
 

@@ -242,6 +242,9 @@ struct sim_stream {
     struct sim_mark *pending; /* ring of its queued kernels */
     size_t head, count, cap;
     struct sim_graph *capture; /* non-NULL while capturing */
+    CUstreamCaptureMode capture_mode; /* ... begun in this mode */
+    pthread_t capture_owner;          /* ... by this thread */
+    unsigned capture_snap_global, capture_snap_own, capture_snap_context; /* violation counts when it began */
 };
 
 struct sim_event {
@@ -309,6 +312,13 @@ extern struct sim_local sim;
 
 /* device.c */
 CUresult sim_check_init(void);
+/* A potentially unsafe call during stream capture (synchronize, query): the
+ * calling thread's capture interaction mode decides whether it is prohibited;
+ * if so it returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the captures it
+ * concerns end invalidated (launch.c). */
+CUresult sim_capture_unsafe_call(void);
+/* cuCtxSynchronize: also invalid, in every mode, while any stream captures. */
+CUresult sim_capture_context_sync(void);
 CUresult sim_ordinal(CUdevice dev, unsigned *phys);
 
 /* context.c */

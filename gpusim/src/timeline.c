@@ -295,6 +295,9 @@ static CUresult stream_sync(CUstream h, bool ptsz)
     pthread_mutex_unlock(&sim.mu);
     if (capturing)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    rc = sim_capture_unsafe_call();
+    if (rc != CUDA_SUCCESS)
+        return rc;
     sim_stream_drain(s);
     sim_pools_release_on_sync();
     return CUDA_SUCCESS;
@@ -304,6 +307,9 @@ static CUresult stream_query(CUstream h, bool ptsz)
 {
     struct sim_stream *s;
     CUresult rc = sim_stream_resolve(h, ptsz, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    rc = sim_capture_unsafe_call();
     if (rc != CUDA_SUCCESS)
         return rc;
     pthread_mutex_lock(&sim.mu);
@@ -422,6 +428,9 @@ SIM_EXPORT CUresult cuEventQuery(CUevent hEvent)
         return rc;
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
+    rc = sim_capture_unsafe_call();
+    if (rc != CUDA_SUCCESS)
+        return rc;
     pthread_mutex_lock(&sim.mu);
     bool done = event_done(e);
     pthread_mutex_unlock(&sim.mu);
@@ -436,6 +445,9 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
         return rc;
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
+    rc = sim_capture_unsafe_call();
+    if (rc != CUDA_SUCCESS)
+        return rc;
     pthread_mutex_lock(&sim.mu);
     bool recorded = e->recorded;
     struct sim_mark m = e->mark;

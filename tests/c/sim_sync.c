@@ -113,7 +113,6 @@ int main(void)
     t0 = now_ms();
     for (int i = 0; i < 3; i++)
         CHECK(launch_on(s, 20000) == CUDA_SUCCESS);
-    CHECK(cuStreamQuery(s) == CUDA_SUCCESS);
     CHECK(cuStreamEndCapture(s, &g) == CUDA_SUCCESS);
     CHECK(cuGraphInstantiateWithFlags(&x, g, 0) == CUDA_SUCCESS);
     CHECK(cuGraphLaunch(x, s) == CUDA_SUCCESS);
@@ -123,6 +122,11 @@ int main(void)
     CHECK(waited >= 119 && waited < 170);
     CHECK(cuGraphExecDestroy(x) == CUDA_SUCCESS);
     CHECK(cuGraphDestroy(g) == CUDA_SUCCESS);
+    /* Querying a capturing stream is invalid and invalidates the capture (as the driver). */
+    CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    CHECK(launch_on(s, 1000) == CUDA_SUCCESS);
+    CHECK(cuStreamQuery(s) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CHECK(cuStreamEndCapture(s, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
     CHECK(cuGraphLaunch(x, s) == CUDA_ERROR_INVALID_VALUE);
 
     /* Destroyed handles are refused, not crashed on. */

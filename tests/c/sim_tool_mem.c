@@ -4,6 +4,7 @@
  * "<cmd> <CUresult> [values]" like the others. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,12 +187,51 @@ static int modules(const char *cmd, int argc, char **argv, int *i)
     return 1;
 }
 
+/* Another thread synchronizes a stream of its own in capture interaction mode `mode`. */
+struct other_sync {
+    CUcontext ctx;
+    CUstreamCaptureMode mode;
+    CUresult rc;
+};
+
+static void *other_sync_main(void *arg)
+{
+    struct other_sync *o = arg;
+    CUstreamCaptureMode mode = o->mode;
+    CUstream own = NULL;
+    o->rc = cuCtxSetCurrent(o->ctx);
+    if (!o->rc)
+        o->rc = cuThreadExchangeStreamCaptureMode(&mode);
+    if (!o->rc)
+        o->rc = cuStreamCreate(&own, 0);
+    if (!o->rc)
+        o->rc = cuStreamSynchronize(own);
+    return NULL;
+}
+
 static int graphs(const char *cmd, int argc, char **argv, int *i)
 {
     CUresult rc;
     CUdeviceptr p = 0;
     if (!strcmp(cmd, "capture")) {
         printf("capture %d\n", cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    } else if (!strcmp(cmd, "mcapture")) { /* <mode>: 0 global, 1 thread-local, 2 relaxed */
+        printf("mcapture %d\n", cuStreamBeginCapture_v2(stream, (CUstreamCaptureMode)atoi(arg_at(argc, argv, i))));
+    } else if (!strcmp(cmd, "capmode")) { /* <mode>: this thread's interaction mode; prints the old one */
+        CUstreamCaptureMode mode = (CUstreamCaptureMode)atoi(arg_at(argc, argv, i));
+        rc = cuThreadExchangeStreamCaptureMode(&mode);
+        printf("capmode %d %d\n", rc, (int)mode);
+    } else if (!strcmp(cmd, "ctxsync")) {
+        printf("ctxsync %d\n", cuCtxSynchronize());
+    } else if (!strcmp(cmd, "othersync")) { /* <mode>: a new thread in that mode synchronizes its stream */
+        struct other_sync o = {.mode = (CUstreamCaptureMode)atoi(arg_at(argc, argv, i))};
+        pthread_t t;
+        rc = cuCtxGetCurrent(&o.ctx);
+        if (!rc && pthread_create(&t, NULL, other_sync_main, &o) == 0) {
+            pthread_join(t, NULL);
+            rc = o.rc;
+        }
+        printf("othersync %d\n", rc);
     } else if (!strcmp(cmd, "endcapture")) {
         printf("endcapture %d\n", cuStreamEndCapture(stream, &graph));
     } else if (!strcmp(cmd, "gcreate")) {

@@ -51,6 +51,7 @@
 
 #include "config.h"
 #include "context.h"
+#include "graph_mem.h"
 #include "log.h"
 #include "real_driver.h"
 #include "zmtp.h"
@@ -197,6 +198,25 @@ static bool connected(struct token_client *c) {
     return vcuda_zmtp_connect(&c->conn, c->endpoint, CONNECT_TIMEOUT_MS) == 0;
 }
 
+/* While an application captures a stream into a graph, a synchronize or an
+ * event query from another thread (or its own) invalidates a capture begun in
+ * the default GLOBAL mode, as PyTorch begins them. The shim's own calls opt out
+ * for their duration (RELAXED): returns the mode to restore, or -1 when there
+ * was nothing to do (no capture under way, or a driver without the call). */
+static int relax_captures(void) {
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (atomic_load_explicit(&vcuda_captures_active, memory_order_relaxed) == 0 ||
+        vcuda_real.cuThreadExchangeStreamCaptureMode == NULL ||
+        vcuda_real.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
+        return -1;
+    return (int)mode;
+}
+
+static void restore_captures(int saved) {
+    CUstreamCaptureMode mode = (CUstreamCaptureMode)saved;
+    if (saved >= 0) vcuda_real.cuThreadExchangeStreamCaptureMode(&mode);
+}
+
 /* ---- in-flight budget ------------------------------------------------------------------------ */
 
 /* Caller holds f->lock. Launches between checkpoints: half the budget's worth, from the
@@ -339,6 +359,8 @@ static void record(struct token_client *c, CUstream stream, int ptsz, int launch
  * work in flight (await_tail). */
 static void seal(struct token_client *c, CUstream stream, int ptsz) {
     struct flight *f = &c->flight;
+    if (vcuda_graph_mem_capturing(stream, ptsz != 0)) return; /* captured: it runs with its graph */
+    int saved = relax_captures();
     pthread_mutex_lock(&f->lock);
     int k = atomic_load_explicit(&f->k, memory_order_relaxed);
     int launched = k - 1 - vcuda_thread_countdown; /* the countdown was set to k - 1 at its last checkpoint */
@@ -350,11 +372,12 @@ static void seal(struct token_client *c, CUstream stream, int ptsz) {
         vcuda_thread_countdown = k - 1;
     }
     pthread_mutex_unlock(&f->lock);
+    restore_captures(saved);
 }
 
 /* The countdown ran out (gate open): record a checkpoint on the launch's
  * stream and wait for room under the budget. */
-static void checkpoint(struct token_client *c, CUstream stream, int ptsz) {
+static void flight_checkpoint(struct token_client *c, CUstream stream, int ptsz) {
     struct flight *f = &c->flight;
     pthread_mutex_lock(&f->lock);
     if (!f->active) {
@@ -414,6 +437,18 @@ static void checkpoint(struct token_client *c, CUstream stream, int ptsz) {
         f->lead_ns = lead < FLIGHT_LEAD_MIN_NS ? FLIGHT_LEAD_MIN_NS : lead > FLIGHT_LEAD_MAX_NS ? FLIGHT_LEAD_MAX_NS : lead;
     }
     pthread_mutex_unlock(&f->lock);
+}
+
+/* The countdown ran out: a checkpoint, unless the launch is captured into a
+ * graph (nothing of it runs now; the countdown starts over). */
+static void checkpoint(struct token_client *c, CUstream stream, int ptsz) {
+    if (vcuda_graph_mem_capturing(stream, ptsz != 0)) {
+        vcuda_thread_countdown = atomic_load_explicit(&c->flight.k, memory_order_relaxed) - 1;
+        return;
+    }
+    int saved = relax_captures();
+    flight_checkpoint(c, stream, ptsz);
+    restore_captures(saved);
 }
 
 static int waiting_launchers(struct token_client *c) {
@@ -567,8 +602,29 @@ static bool wait_grant(struct token_client *c, uint64_t *lease, uint64_t *quantu
     }
 }
 
+/* While the application captures a stream, synchronizing its context is
+ * invalid in every capture mode (it would invalidate the capture): wait for the
+ * newest in-flight checkpoint instead, which covers the work up to the last one
+ * (a few launches after it may still run). */
+static void drain_checkpoints(struct token_client *c) {
+    struct flight *f = &c->flight;
+    pthread_mutex_lock(&f->lock);
+    CUevent newest = f->count > 0 ? f->ring[(f->head + f->count - 1) % FLIGHT_RING].event : NULL;
+    uint32_t gen = f->gen;
+    pthread_mutex_unlock(&f->lock);
+    if (newest == NULL) return;
+    vcuda_real.cuEventSynchronize(newest);
+    pthread_mutex_lock(&f->lock);
+    if (f->gen == gen) flight_settle(f);
+    pthread_mutex_unlock(&f->lock);
+}
+
 /* Waits until every context of this process on the client's device has finished its work. */
 static void drain_own_work(struct token_client *c) {
+    if (atomic_load_explicit(&vcuda_captures_active, memory_order_relaxed) != 0) {
+        drain_checkpoints(c);
+        return;
+    }
     CUcontext ctxs[64];
     int n = vcuda_contexts_snapshot(ctxs, 64);
     for (int i = 0; i < n; i++) {
@@ -704,6 +760,11 @@ static void *client_main(void *arg) {
     bool requested = false;
     uint64_t lost_since = 0, backoff_ms = 10;
     prctl(PR_SET_TIMERSLACK, CLIENT_TIMER_SLACK_NS, 0, 0, 0);
+    /* It synchronizes and queries events whenever a lease ends: never let that
+     * invalidate the application's stream captures (relax_captures). */
+    CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (vcuda_real.cuThreadExchangeStreamCaptureMode != NULL)
+        vcuda_real.cuThreadExchangeStreamCaptureMode(&relaxed);
     for (;;) {
         /* Unthrottled after a loss, keep trying to reach the scheduler even with nobody waiting. */
         if (!requested && !c->unthrottled && wait_event(c, 0, UINT64_MAX, true) == WAKE_LOST) continue;

@@ -157,6 +157,7 @@
     X(cuDeviceGetMemPool, (CUmemoryPool *pool, CUdevice dev))                                      \
     X(cuMemPoolGetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void *value))           \
     X(cuStreamIsCapturing, (CUstream stream, CUstreamCaptureStatus *status))                       \
+    X(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode *mode))                              \
     X(cuDeviceGetGraphMemAttribute, (CUdevice device, CUgraphMem_attribute attr, void *value))     \
     X(cuEventCreate, (CUevent *event, unsigned int flags))                                         \
     X(cuEventRecord, (CUevent event, CUstream stream))                                             \

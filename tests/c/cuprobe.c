@@ -489,6 +489,18 @@ static bool memory_command(const char *c, const char *text, unsigned long long a
         printf("ssync rc=%d\n", cu.stream_sync(stream));
     } else if (strcmp(c, "capture") == 0) {
         printf("capture rc=%d\n", cu.begin_capture(stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+    } else if (strcmp(c, "mcapture") == 0) { /* a capture begun in mode a (0 global, 1 thread-local, 2 relaxed) */
+        printf("mcapture rc=%d\n", cu.begin_capture(stream, (CUstreamCaptureMode)a));
+    } else if (strcmp(c, "slaunch") == 0) { /* b kernels of a us on the stream, no synchronize */
+        CUmodule mod;
+        CUfunction fn;
+        r = cu.module_load(&mod, "spin");
+        if (r == CUDA_SUCCESS) r = cu.module_function(&fn, mod, "spin");
+        uint64_t us = a;
+        void *params[] = {&us};
+        for (unsigned long long i = 0; r == CUDA_SUCCESS && i < b; i++)
+            r = cu.launch(fn, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL);
+        printf("slaunch rc=%d\n", r);
     } else if (strcmp(c, "calloc") == 0) { /* an allocation on the stream: captured while it captures */
         r = cu.mem_alloc_async(&p, a, stream);
         if (r == CUDA_SUCCESS && ncaptured < 4096) captured[ncaptured++] = p;

@@ -388,3 +388,24 @@ def test_stopped_holder_is_reclaimed_after_its_budget(scheduler: AdminClient, cu
     assert stats["train"]["revoke_reclaims"] == 1, stats["train"]
     assert int(line["count"]) >= 95
     assert stats["lat"]["wait_us"]["max"] <= 30_000, stats["lat"]  # a lease would be 50 + 10 ms
+
+
+@pytest.mark.parametrize("priority", ["normal", "high"])
+def test_a_global_stream_capture_survives_the_token_client(scheduler: AdminClient, cuprobe: Path, shim: Path,
+                                                           sim_env: dict[str, str], tmp_path: Path,
+                                                           priority: str) -> None:
+    """PyTorch captures CUDA graphs in GLOBAL mode: a synchronize or an event query from
+    any thread of the process during the capture invalidates it. The token client drains
+    the process's work at its idle looks and at the end of every lease, and the in-flight
+    budget queries its checkpoints: a capture that spans several of those must still end
+    with a graph, and the graph must run."""
+    other = add(scheduler, "other", 50, 100)
+    tenant = add(scheduler, "t", 50, 100, priority=priority)
+    ph = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "other", other), 1500, sync_every=50, kernel_us=500)
+    out = subprocess.run([str(cuprobe), "init", "ctx", "stream", "mcapture:0", "slaunch:200:300", "sleep:60",
+                          "slaunch:200:300", "sleep:60", "endcapture", "instantiate", "glaunch"],
+                         env=tenant_env(shim, sim_env, tmp_path, "t", tenant), capture_output=True, text=True,
+                         timeout=60, check=False)
+    busy_us(ph)
+    rcs = {d["cmd"]: d.get("rc") for d in parse(out.stdout)}
+    assert rcs.get("endcapture") == "0" and rcs.get("glaunch") == "0", (rcs, out.stderr[-2000:])

@@ -376,7 +376,7 @@ class Policy:
             and lease.client == client
         ):
             observed = now - lease.granted_at
-            # A holder releases up to about one handoff before its work completes, so that
+            # A holder releases up to about two handoffs (400 us) before its work completes, so that
             # the next grant overlaps the last of it: held_ns then ends after now. Charge
             # that tail too (at most one budget), and the next holder only from its end.
             tail = min(max(held_ns - observed, 0), self.budget_ns(tenant_name))

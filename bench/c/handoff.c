@@ -87,10 +87,15 @@ static void send_msg(struct client *c, int type, int flags, uint64_t a, uint64_t
     if (vcuda_zmtp_send(&c->conn, frame, HEADER_LEN + body) != 0) die("send failed", c);
 }
 
-/* Receives one scheduler frame of `type`; anything else (or a timeout) is fatal. */
+/* Receives one scheduler frame of `type`; an error or another known reply (or a
+ * timeout) is fatal. Types a client needs not act on (BUDGET, before a first
+ * GRANT; REVOKE; any added later) are skipped, as PROTOCOL.md asks of clients. */
 static void recv_msg(struct client *c, int type, unsigned char *buf, size_t cap) {
     size_t len = 0;
-    int r = vcuda_zmtp_recv(&c->conn, buf, cap, &len, RECV_TIMEOUT_MS);
+    int r;
+    do r = vcuda_zmtp_recv(&c->conn, buf, cap, &len, RECV_TIMEOUT_MS);
+    while (r == 0 && len >= HEADER_LEN && memcmp(buf, "VCTS", 4) == 0 && buf[5] != type && buf[5] != MSG_ERROR &&
+           buf[5] > MSG_PONG);
     if (r == 1) die("timed out waiting for the scheduler", c);
     if (r != 0) die("connection lost", c);
     if (len < HEADER_LEN || memcmp(buf, "VCTS", 4) != 0) die("not a scheduler frame", c);

@@ -15,8 +15,8 @@
  * GPU work and releases with the real hold time (overrun included), asking
  * again at once (MORE) when launchers are waiting. When every launcher waits
  * (at the gate, where each first seals its launches with a checkpoint, or for
- * room) the checkpoints tell what is left, and the release goes out about one
- * handoff before that work ends (await_tail): the next holder's grant and
+ * room) the checkpoints tell what is left, and the release goes out about two
+ * handoffs before that work ends (await_tail): the next holder's grant and
  * wake-up overlap it, and held_ns covers it.
  *
  * In-flight budget ("flight"): while a lease is held, every K-th launch of a
@@ -77,8 +77,10 @@ enum { ERR_STALE_LEASE = 5, ERR_LEASE_EXPIRED = 6, ERR_TENANT_REMOVED = 9 };
 #define FLIGHT_LEAD_MIN_NS 20000ull   /* ... learnt within these bounds: longer each time the GPU ran */
 #define FLIGHT_LEAD_MAX_NS 200000ull  /* dry while a launcher waited, a little shorter each time not */
 #define FLIGHT_LEAD_STEP_NS 20000ull
-#define HANDOFF_LEAD_NS 200000ull     /* a lease ends this long before its work does: the next holder's
-                                      * grant and wake-up overlap the last of it (about one handoff) */
+#define HANDOFF_LEAD_NS 400000ull     /* a lease ends this long before its work does: the next holder's
+                                      * grant and wake-up overlap the last of it (a handoff is 4 process
+                                      * wake-ups, up to 100 us each on a busy or virtual machine; ending
+                                      * early costs nothing, the next work queues behind the tail) */
 #define FLIGHT_POLL_NS 500000ull      /* a wait on an estimate looks at the checkpoints again this often */
 #define CLIENT_TIMER_SLACK_NS 1000    /* the client thread's sleeps end within 1 us, not the default 50 */
 
@@ -477,7 +479,7 @@ static uint64_t flight_left(const struct flight *f, uint64_t now, bool sealed) {
 }
 
 /* The gate is closed: waits until what is left of the process's work would
- * finish within about one handoff, and returns that estimate (UINT64_MAX:
+ * finish within HANDOFF_LEAD_NS, and returns that estimate (UINT64_MAX:
  * none, the caller drains). */
 static uint64_t await_tail(struct token_client *c) {
     struct flight *f = &c->flight;
@@ -698,7 +700,7 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
         flight_lease(c, false);
         return false;
     }
-    /* Revoked or at the quantum's end, the lease ends about one handoff before
+    /* Revoked or at the quantum's end, the lease ends HANDOFF_LEAD_NS before
      * its work does: the next holder's grant and wake-up overlap the last of
      * it instead of leaving the GPU idle. An idle process's work is done. */
     uint64_t left = idle ? UINT64_MAX : await_tail(c);

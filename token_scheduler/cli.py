@@ -50,8 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--revoke-grace", type=_duration, default="5ms",
                         help="time past the budget before a revoked lease is reclaimed (default 5ms)")
     parser.add_argument("--idle", type=_duration, default="1ms",
-                        help="how long a holder whose work completed waits for its next launch before "
-                             "it gives the token back (default 1ms)")
+                        help="the longest a holder whose work completed waits for its next launch "
+                             "before it gives the token back; libvcuda learns a shorter wait, down to "
+                             "an eighth, from each process's pauses (default 1ms)")
     parser.add_argument("--idle-high", type=_duration, default="200us",
                         help="the same for `high` tenants: short, since others wait meanwhile and a "
                              "`high` tenant gets the token back within the budget (default 200us)")

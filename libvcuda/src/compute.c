@@ -10,8 +10,9 @@
  * last look may be idle or blocked in a synchronize, so the thread waits for
  * its work and gives it a short grace to launch again, the gate open all
  * along (a launch meanwhile runs at once and the hold goes on); if none came,
- * it closes the gate and gives the token back. At the end of the quantum, or
- * at once on REVOKE, the gate closes, the thread waits for the process's own
+ * it closes the gate and gives the token back (the grace is learnt from the
+ * process's pauses, within the scheduler's: learn_grace). At the end of the
+ * quantum, or at once on REVOKE, the gate closes, the thread waits for the process's own
  * GPU work and releases with the real hold time (overrun included), asking
  * again at once (MORE) when launchers are waiting. When every launcher waits
  * (at the gate, where each first seals its launches with a checkpoint, or for
@@ -67,6 +68,8 @@ enum { ERR_STALE_LEASE = 5, ERR_LEASE_EXPIRED = 6, ERR_TENANT_REMOVED = 9 };
 #define IDLE_CHECK_MIN_NS 1000000ull /* 1 ms */
 #define IDLE_GRACE_NS 1000000ull     /* after its work completed, a busy process launches within this
                                       * (until the scheduler says otherwise: BUDGET idle_us) */
+#define IDLE_GRACE_RANGE 8           /* the learnt idle grace stays within 1/8 of the scheduler's and all of it */
+#define IDLE_GRACE_DECAY 16          /* ... and shrinks by 1/16 at each idle release that was not followed soon */
 #define CONNECT_TIMEOUT_MS 1000
 #define DEFAULT_BUDGET_NS 10000000ull /* until the scheduler sends one (its default) */
 #define UNCHECKED (INT_MAX / 2)       /* countdown where no budget applies: no scheduler, no lease */
@@ -133,7 +136,9 @@ struct token_client {
     uint32_t seq;
     uint64_t burst_ns;      /* EWMA of hold times, sent as the predicted burst */
     uint64_t drain_ns;      /* EWMA of how long the process's queued work takes to finish */
-    uint64_t idle_grace_ns; /* client thread only */
+    uint64_t idle_grace_ns; /* the scheduler's idle grace (BUDGET idle_us): the most it waits; client thread only */
+    uint64_t grace_ns;      /* the idle grace in use, learnt (learn_grace) */
+    uint64_t idle_at;       /* when its work was seen complete before its last idle release; 0: none pending */
     struct flight flight;
 };
 static struct token_client clients[VCUDA_MAX_DEVICES];
@@ -542,7 +547,9 @@ static bool take_message(struct token_client *c, const unsigned char *buf, size_
     if (len < HEADER_LEN || memcmp(buf, "VCTS", 4) != 0) return false;
     if (buf[5] == MSG_BUDGET && len >= HEADER_LEN + 8) {
         flight_set_budget(c, (uint64_t)get32(buf + 16) * 1000ull);
-        c->idle_grace_ns = (uint64_t)get32(buf + 20) * 1000ull;
+        uint64_t grace = (uint64_t)get32(buf + 20) * 1000ull;
+        if (grace != c->idle_grace_ns) c->grace_ns = grace; /* a new bound: start from it */
+        c->idle_grace_ns = grace;
         return false;
     }
     return buf[5] == MSG_REVOKE && len >= HEADER_LEN + 16 && lease != 0 && get64(buf + 16) == lease;
@@ -646,6 +653,26 @@ static void set_gate(struct token_client *c, int open) {
     pthread_mutex_unlock(&c->lock);
 }
 
+/* An idle release was followed by the process's next launch `resume` after its
+ * work completed. Back within the scheduler's grace: the grace in use was too
+ * short for this process's own pauses (a synchronize, a little host work, more
+ * launches), and it paid a whole handoff for one: at least double it, and
+ * cover that pause. Later: the pause was idle time, which a shorter grace gives
+ * to others sooner: shrink it a little. So the grace settles just above the
+ * pauses the process makes within its work, between an eighth of the
+ * scheduler's grace and all of it. */
+static void learn_grace(struct token_client *c, uint64_t resume) {
+    uint64_t most = c->idle_grace_ns, least = most / IDLE_GRACE_RANGE, g = c->grace_ns;
+    if (resume <= most) {
+        uint64_t cover = resume + resume / 4;
+        g = 2 * g > cover ? 2 * g : cover;
+    } else {
+        g -= g / IDLE_GRACE_DECAY;
+    }
+    c->grace_ns = g < least ? least : g > most ? most : g;
+    c->idle_at = 0;
+}
+
 /* Holds the token until the quantum ends, the process goes idle, the lease is
  * revoked or the scheduler is lost; returns whether it asked for the token
  * again (RELEASE with MORE). */
@@ -678,9 +705,10 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
          * looked at again after a grace, not a whole check: its new work may
          * be short. */
         drain_own_work(c);
+        uint64_t drained = now_ns();
         look = c->idle_grace_ns;
         if (busy(c)) continue;
-        why = wait_event(c, lease, now_ns() + c->idle_grace_ns, false);
+        why = wait_event(c, lease, drained + c->grace_ns, false);
         if (why != WAKE_TIMEOUT) break; /* revoked, or lost */
         if (busy(c)) continue;
         /* Idle: close the gate and give the token back, unless a launch slipped
@@ -691,6 +719,7 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
             continue;
         }
         idle = true;
+        c->idle_at = drained;
         break;
     }
     set_gate(c, 0);
@@ -715,6 +744,7 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
         /* Revoked: answer at once, the revoking tenant waits. Idle: a launch
          * that came as the gate closed. At the quantum's end: launchers wait. */
         more = busy(c);
+        if (idle && more) learn_grace(c, 0); /* it launched as the gate closed */
     } else {
         /* A process that was waiting on its own work launches again as soon as
          * it completed: ask again at once (MORE) rather than queue behind others. */
@@ -770,6 +800,7 @@ static void *client_main(void *arg) {
     for (;;) {
         /* Unthrottled after a loss, keep trying to reach the scheduler even with nobody waiting. */
         if (!requested && !c->unthrottled && wait_event(c, 0, UINT64_MAX, true) == WAKE_LOST) continue;
+        if (c->idle_at != 0) learn_grace(c, now_ns() - c->idle_at);
         if (!connected(c) || (!requested && send_request(c) != 0)) {
             requested = false;
             if (lost_since == 0) lost_since = now_ns();
@@ -875,6 +906,7 @@ static void clients_reset(void) {
         c->flight.budget_ns = DEFAULT_BUDGET_NS; /* and launch_ns = 0: measured on the first leases */
         c->flight.lead_ns = FLIGHT_LEAD_NS;
         c->idle_grace_ns = IDLE_GRACE_NS;
+        c->grace_ns = IDLE_GRACE_NS;
         atomic_store(&c->flight.k, 1);
         /* Without a scheduler nothing is limited: the gate stays open. */
         bool limited = c->endpoint[0] != '\0' && !vcuda_config.disabled;

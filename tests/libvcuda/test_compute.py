@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from shimtest import parse
+from shimtest import StepProbe, parse
 
 from py_vcuda.sim import SimReader
 from token_scheduler.testing import AdminClient, spawn_daemon
@@ -409,3 +409,44 @@ def test_a_global_stream_capture_survives_the_token_client(scheduler: AdminClien
     busy_us(ph)
     rcs = {d["cmd"]: d.get("rc") for d in parse(out.stdout)}
     assert rcs.get("endcapture") == "0" and rcs.get("glaunch") == "0", (rcs, out.stderr[-2000:])
+
+
+def test_idle_grace_learns_the_pauses_within_a_high_tenants_work(tmp_path: Path, cuprobe: Path, shim: Path,
+                                                                 sim_env: dict[str, str]) -> None:
+    """A `high` tenant beside a saturating trainer, the scheduler's idle grace 4 ms; the
+    tenant runs a 10 ms kernel, synchronizes, pauses, and so on. Pauses of 30 ms are idle
+    time: the grace it waits after its work before giving the token back shrinks (holds
+    end well before kernel + 4 ms). Then pauses of 2 ms, within its work: the first costs
+    a handoff, after which the grace covers them and it keeps the token, instead of giving
+    it back and revoking the trainer at every kernel."""
+    directory = tmp_path / "sched"
+    daemon = spawn_daemon(directory, "--window", "2s", "--idle-high", "4ms")
+    scheduler = AdminClient(directory / "admin.sock")
+    try:
+        scheduler.wait_ready()
+        train = add(scheduler, "train", 40, 100)
+        lat = add(scheduler, "lat", 60, 100, priority="high")
+        pt = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "train", train), 8000, sync_every=1000, kernel_us=500)
+        probe = StepProbe(str(cuprobe), tenant_env(shim, sim_env, tmp_path, "lat", lat))
+        try:
+            assert probe.rc("init") == 0 and probe.rc("ctx") == 0
+            probe.do("bursts:10000:40:1600")  # 40 idle pauses: the grace shrinks
+            before = scheduler.call("stats")["tenants"]
+            probe.do("bursts:10000:40:800")
+            after = scheduler.call("stats")["tenants"]
+            line = probe.do("bursts:10000:12:1200")  # 100 pauses within its work
+            last = scheduler.call("stats")["tenants"]
+        finally:
+            probe.close()
+            pt.kill()
+            pt.communicate()
+    finally:
+        scheduler.close()
+        daemon.kill()
+        daemon.wait()
+    grants = after["lat"]["grants"] - before["lat"]["grants"]
+    held_ms = (after["lat"]["held_ms_total"] - before["lat"]["held_ms_total"]) / max(grants, 1)
+    assert grants >= 15 and held_ms < 12, f"{grants} grants of {held_ms:.1f} ms each: the grace did not shrink"
+    revoked = last["train"]["revocations"] - after["train"]["revocations"]
+    assert int(line["count"]) >= 70
+    assert revoked <= 20, f"the trainer was revoked {revoked} times in 100 kernels: the grace did not grow"

@@ -134,6 +134,16 @@ POD = Dashboard(
                      "[$__rate_interval]))", f"{WHO} grants"),
                Query(f"sum by ({BY_CONTAINER}) (rate(vcuda_container_token_overruns_total{{{POD_SEL}}}"
                      "[$__rate_interval]))", f"{WHO} overruns"))),
+        Panel("Revocations and in-flight budget", "Leases revoked per second for a `high` tenant, those not "
+              "released within the in-flight budget plus the revoke grace (reclaimed: a stuck holder), and "
+              "launches per second that waited because the container's launched-but-unfinished GPU work "
+              "reached its in-flight budget.", "ops",
+              (Query(f"sum by ({BY_CONTAINER}) (rate(vcuda_container_token_revocations_total{{{POD_SEL}}}"
+                     "[$__rate_interval]))", f"{WHO} revoked"),
+               Query(f"sum by ({BY_CONTAINER}) (rate(vcuda_container_token_revoke_reclaims_total{{{POD_SEL}}}"
+                     "[$__rate_interval]))", f"{WHO} reclaimed"),
+               Query(f"sum by ({BY_CONTAINER}) (rate(vcuda_container_inflight_budget_hits_total{{{POD_SEL}}}"
+                     "[$__rate_interval]))", f"{WHO} budget waits"))),
         Panel("OOM denials", "Allocations refused at the memory limit in each interval.", "none",
               (Query(f"sum by ({BY_CONTAINER}) (increase(vcuda_container_oom_denials_total{{{POD_SEL}}}"
                      "[$__rate_interval]))", WHO),), kind="timeseries"),

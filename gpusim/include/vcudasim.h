@@ -22,7 +22,13 @@
  *    context completion, cuStreamQuery/cuEventQuery and the synchronize
  *    calls follow that. A wait sleeps until the completion predicted if no
  *    process launches more, then looks again (at least every 10 ms while
- *    other processes have work queued).
+ *    other processes have work queued). As the driver's, a synchronize
+ *    busy-waits unless its context was created with
+ *    CU_CTX_SCHED_BLOCKING_SYNC (cuEventSynchronize: unless the event has
+ *    CU_EVENT_BLOCKING_SYNC), so it returns within a microsecond of the
+ *    completion: it sleeps until VCUDA_SIM_SPIN_US (read by each process at
+ *    cuInit; default 100, 0..1000000) before it and spins the rest. A
+ *    blocking one wakes when the OS wakes it (1 us timer slack).
  *  - A stream holds at most VCUDA_SIM_MAX_PENDING (default 1024) kernels
  *    not yet complete; a launch beyond that blocks until its oldest completes.
  *  - Busy time (device and process busy_ns, NVML utilization) is charged as

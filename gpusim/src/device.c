@@ -88,6 +88,14 @@ static CUresult do_init(void)
         return CUDA_ERROR_INVALID_VALUE;
     const char *loading = getenv("CUDA_MODULE_LOADING");
     sim.eager_modules = loading && strcmp(loading, "EAGER") == 0; /* LAZY is the default */
+    const char *spin = getenv("VCUDA_SIM_SPIN_US");
+    char *end = NULL;
+    unsigned long long spin_us = spin && *spin ? strtoull(spin, &end, 10) : SIM_SPIN_US;
+    if ((end && *end) || spin_us > 1000000) {
+        fprintf(stderr, "vcuda-sim: VCUDA_SIM_SPIN_US must be 0..1000000, not %s\n", spin);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim.spin_ns = spin_us * 1000;
     sim_state_path(path, sizeof path);
     struct sim_shared *sh = sim_state_open(path, true, err, sizeof err);
     if (!sh) {

@@ -156,7 +156,9 @@ void sim_state_close(struct sim_shared *sh);
 void sim_lock(struct sim_shared *sh);
 void sim_unlock(struct sim_shared *sh);
 uint64_t sim_now_ns(void);
-void sim_sleep_until(uint64_t t_ns);
+#define SIM_SPIN_US 100 /* default VCUDA_SIM_SPIN_US: a spinning synchronize sleeps until this long
+                         * before its time, then spins */
+void sim_sleep_until(uint64_t t_ns, uint64_t spin_ns);
 /* Process slots; callers hold the shared lock. */
 int sim_proc_attach(struct sim_shared *sh, pid_t pid); /* slot index or -1 */
 void sim_proc_release(struct sim_shared *sh, int slot);
@@ -306,6 +308,7 @@ struct sim_local {
     unsigned long long next_ctx_id;
     uint32_t gen;
     bool eager_modules; /* CUDA_MODULE_LOADING=EAGER at cuInit */
+    uint64_t spin_ns;   /* VCUDA_SIM_SPIN_US at cuInit: how much of a spinning wait spins */
 };
 
 extern struct sim_local sim;

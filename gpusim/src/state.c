@@ -166,14 +166,20 @@ uint64_t sim_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* A real driver's synchronize returns within microseconds of the work's
- * completion (it spins first, CU_CTX_SCHED_AUTO), so the simulator's waits
- * end within 1 us of their time, not the default 50 us timer slack later; the
- * calling thread's own slack is restored. */
-void sim_sleep_until(uint64_t t_ns)
+/* A real driver's synchronize returns within a microsecond of the work's
+ * completion: it busy-waits (a context's default CU_CTX_SCHED_AUTO with fewer
+ * contexts than CPUs, SPIN or YIELD; an event without CU_EVENT_BLOCKING_SYNC).
+ * A spinning wait sleeps until `spin_ns` (VCUDA_SIM_SPIN_US) before its time,
+ * which hides the wake-up (tens of microseconds on a busy or virtual machine),
+ * and spins the rest: the same return, without a core per waiting thread. A
+ * blocking one (spin_ns 0: CU_CTX_SCHED_BLOCKING_SYNC, CU_EVENT_BLOCKING_SYNC)
+ * wakes as the OS wakes it, within 1 us of timer slack rather than the default
+ * 50 us (the calling thread's own slack is restored). */
+void sim_sleep_until(uint64_t t_ns, uint64_t spin_ns)
 {
-    struct timespec ts = {.tv_sec = (time_t)(t_ns / 1000000000ull),
-                          .tv_nsec = (long)(t_ns % 1000000000ull)};
+    uint64_t wake = t_ns > spin_ns ? t_ns - spin_ns : 0;
+    struct timespec ts = {.tv_sec = (time_t)(wake / 1000000000ull),
+                          .tv_nsec = (long)(wake % 1000000000ull)};
     int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
     if (slack > 1000)
         prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0);
@@ -181,6 +187,8 @@ void sim_sleep_until(uint64_t t_ns)
     }
     if (slack > 1000)
         prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
+    while (spin_ns && sim_now_ns() < t_ns) {
+    }
 }
 
 /* Start time (clock ticks since boot) of a live process, or 0 if it is gone

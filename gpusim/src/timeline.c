@@ -119,9 +119,17 @@ bool sim_mark_done(struct sim_mark m)
     return done;
 }
 
+/* Whether a synchronize in context c busy-waits, as the driver's does unless
+ * the context asked to block (CU_CTX_SCHED_BLOCKING_SYNC). */
+static bool ctx_spins(const struct sim_ctx *c)
+{
+    return !c || (c->flags & CU_CTX_SCHED_MASK) != CU_CTX_SCHED_BLOCKING_SYNC;
+}
+
 /* Sleeps until m is reached: until its predicted completion if nothing more
- * is launched (later launches by others only delay it), then looks again. */
-static void mark_wait(struct sim_mark m)
+ * is launched (later launches by others only delay it), then looks again;
+ * spinning through the end of a predicted completion when `spin`. */
+static void mark_wait(struct sim_mark m, bool spin)
 {
     struct sim_shared *sh = sim.sh;
     if (m.pos == 0)
@@ -138,7 +146,7 @@ static void mark_wait(struct sim_mark m)
         uint64_t t = sim_sched_predict(sh, m.phys, sim.slot, m.pos,
                                        alone ? UINT64_MAX : now + SIM_RECHECK_NS);
         sim_unlock(sh);
-        sim_sleep_until(t);
+        sim_sleep_until(t, spin && (alone || t < now + SIM_RECHECK_NS) ? sim.spin_ns : 0);
     }
 }
 
@@ -204,7 +212,7 @@ CUresult sim_launch(struct sim_stream *s, uint64_t dur_us)
         struct sim_mark oldest = s->pending[s->head];
         sim_unlock(sh);
         pthread_mutex_unlock(&sim.mu);
-        mark_wait(oldest);
+        mark_wait(oldest, ctx_spins(c));
         pthread_mutex_lock(&sim.mu);
         if (!s->alive || !sim_ctx_valid(c)) {
             pthread_mutex_unlock(&sim.mu);
@@ -228,8 +236,9 @@ void sim_stream_drain(struct sim_stream *s)
 {
     pthread_mutex_lock(&sim.mu);
     struct sim_mark m = s->tail;
+    struct sim_ctx *c = sim_stream_ctx(s);
     pthread_mutex_unlock(&sim.mu);
-    mark_wait(m);
+    mark_wait(m, ctx_spins(c));
 }
 
 void sim_ctx_drain(struct sim_ctx *c)
@@ -237,7 +246,7 @@ void sim_ctx_drain(struct sim_ctx *c)
     pthread_mutex_lock(&sim.mu);
     struct sim_mark m = {.pos = c->last_pos, .phys = c->phys};
     pthread_mutex_unlock(&sim.mu);
-    mark_wait(m);
+    mark_wait(m, ctx_spins(c));
 }
 
 /* ---- streams ---- */
@@ -453,7 +462,7 @@ SIM_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
     struct sim_mark m = e->mark;
     pthread_mutex_unlock(&sim.mu);
     if (recorded) {
-        mark_wait(m);
+        mark_wait(m, !(e->flags & CU_EVENT_BLOCKING_SYNC));
         pthread_mutex_lock(&sim.mu);
         event_done(e);
         pthread_mutex_unlock(&sim.mu);

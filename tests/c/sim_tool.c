@@ -103,6 +103,13 @@ int main(int argc, char **argv)
             if (!rc)
                 ctxs[nctx++] = c;
             printf("ctx %d\n", rc);
+        } else if (!strcmp(cmd, "bctx")) { /* a context whose synchronizes block */
+            CUcontext c = NULL;
+            i++;
+            rc = cuCtxCreate_v2(&c, CU_CTX_SCHED_BLOCKING_SYNC, atoi(arg));
+            if (!rc)
+                ctxs[nctx++] = c;
+            printf("bctx %d\n", rc);
         } else if (!strcmp(cmd, "destroy")) {
             rc = nctx ? cuCtxDestroy_v2(ctxs[--nctx]) : CUDA_ERROR_INVALID_CONTEXT;
             printf("destroy %d\n", rc);

@@ -4,6 +4,8 @@ they are interleaved), waits sleep until completion."""
 
 from __future__ import annotations
 
+import os
+import resource
 import subprocess
 import time
 
@@ -65,3 +67,28 @@ def test_default_queue_does_not_block(tool) -> None:
     out = tool("init", "primary", "0", "launch", "100", "10000", "sync")
     assert float(out[-2].rest[0]) < 50  # 100 launches of 10 ms return at once
     assert 950 <= float(out[-1].rest[0]) < 1100
+
+
+def test_synchronize_spins_unless_the_context_blocks(tool) -> None:
+    """As the driver's: a synchronize in a default context busy-waits (here the last
+    VCUDA_SIM_SPIN_US of it, 5 ms), one in a CU_CTX_SCHED_BLOCKING_SYNC context sleeps:
+    20 waits for 10 ms kernels burn about 100 ms of CPU, or next to none."""
+    waits = ["launch", "1", "10000", "sync"] * 20
+
+    def cpu_s(ctx: str) -> float:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out = tool("init", ctx, "0", *waits, env={"VCUDA_SIM_SPIN_US": "5000"})
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        assert all(line.rc == 0 for line in out), out
+        assert all(9.5 <= float(line.rest[0]) < 30 for line in out if line.cmd == "sync"), out
+        return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+    spinning, blocking = cpu_s("ctx"), cpu_s("bctx")
+    assert spinning >= 0.06, f"{spinning:.3f} s of CPU: the waits did not spin"
+    assert blocking <= 0.03, f"{blocking:.3f} s of CPU: the blocking waits spun"
+
+
+def test_spin_setting_is_checked(tool, sim: SimConfig) -> None:
+    proc = subprocess.run([str(tool.exe), "init"], env={**os.environ, **sim.env(), "VCUDA_SIM_SPIN_US": "lots"},
+                          capture_output=True, text=True, timeout=20, check=False)
+    assert "init 1" in proc.stdout and "VCUDA_SIM_SPIN_US must be 0..1000000, not lots" in proc.stderr

@@ -209,7 +209,7 @@ enum {
 typedef int CUjit_option;     /* enum in cuda.h; only passed through */
 typedef int CUlibraryOption;  /* enum in cuda.h; only passed through */
 
-enum { CU_CTX_SCHED_MASK = 0x07, CU_CTX_FLAGS_MASK = 0xFF };
+enum { CU_CTX_SCHED_MASK = 0x07, CU_CTX_SCHED_BLOCKING_SYNC = 0x04, CU_CTX_FLAGS_MASK = 0xFF };
 enum { CU_STREAM_DEFAULT = 0x0, CU_STREAM_NON_BLOCKING = 0x1 };
 enum {
     CU_EVENT_DEFAULT = 0x0,

@@ -11,7 +11,9 @@
  * its work and gives it a short grace to launch again, the gate open all
  * along (a launch meanwhile runs at once and the hold goes on); if none came,
  * it closes the gate and gives the token back (the grace is learnt from the
- * process's pauses, within the scheduler's: learn_grace). At the end of the
+ * process's pauses, within the scheduler's: learn_grace). A holder whose
+ * grace is shorter than its looks are apart (a high tenant's) also looks as
+ * soon as a thread of the process begins a synchronize. At the end of the
  * quantum, or at once on REVOKE, the gate closes, the thread waits for the process's own
  * GPU work and releases with the real hold time (overrun included), asking
  * again at once (MORE) when launchers are waiting. When every launcher waits
@@ -139,6 +141,9 @@ struct token_client {
     uint64_t idle_grace_ns; /* the scheduler's idle grace (BUDGET idle_us): the most it waits; client thread only */
     uint64_t grace_ns;      /* the idle grace in use, learnt (learn_grace) */
     uint64_t idle_at;       /* when its work was seen complete before its last idle release; 0: none pending */
+    _Atomic int sync_looks; /* holding, with a grace shorter than its periodic looks: synchronizes wake it */
+    _Atomic unsigned syncs; /* synchronizes begun meanwhile (vcuda_compute_synchronizing) */
+    unsigned syncs_seen;    /* client thread only */
     struct flight flight;
 };
 static struct token_client clients[VCUDA_MAX_DEVICES];
@@ -555,10 +560,12 @@ static bool take_message(struct token_client *c, const unsigned char *buf, size_
     return buf[5] == MSG_REVOKE && len >= HEADER_LEN + 16 && lease != 0 && get64(buf + 16) == lease;
 }
 
-enum wake { WAKE_TIMEOUT, WAKE_LAUNCHER, WAKE_REVOKED, WAKE_LOST };
+enum wake { WAKE_TIMEOUT, WAKE_LAUNCHER, WAKE_REVOKED, WAKE_LOST, WAKE_SYNC };
 
 /* Waits until `deadline` (UINT64_MAX: no limit) for a message from the
- * scheduler or, when `for_launcher`, a launcher at the gate. */
+ * scheduler or, when `for_launcher`, a launcher at the gate; otherwise, while
+ * holding `lease`, a thread of the process that began a synchronize
+ * (WAKE_SYNC, after any message that came with it). */
 static enum wake wait_event(struct token_client *c, uint64_t lease, uint64_t deadline, bool for_launcher) {
     for (;;) {
         if (for_launcher && waiting_launchers(c) > 0) return WAKE_LAUNCHER;
@@ -568,9 +575,13 @@ static enum wake wait_event(struct token_client *c, uint64_t lease, uint64_t dea
         struct timespec left = to_timespec(deadline - t);
         int r = ppoll(fds, 2, deadline == UINT64_MAX ? NULL : &left, NULL);
         if (r <= 0) continue; /* timeout (checked above) or a signal */
+        bool synced = false;
         if (fds[1].revents & POLLIN) {
             eventfd_t ignored;
             (void)eventfd_read(c->wake_fd, &ignored);
+            unsigned syncs = atomic_load_explicit(&c->syncs, memory_order_relaxed);
+            synced = lease != 0 && !for_launcher && syncs != c->syncs_seen;
+            c->syncs_seen = syncs;
         }
         if (fds[0].revents) {
             unsigned char buf[256];
@@ -579,6 +590,7 @@ static enum wake wait_event(struct token_client *c, uint64_t lease, uint64_t dea
             if (got < 0) return WAKE_LOST;
             if (got == 0 && take_message(c, buf, len, lease)) return WAKE_REVOKED;
         }
+        if (synced) return WAKE_SYNC;
     }
 }
 
@@ -690,14 +702,32 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
     bool idle = false; /* its work completed and no launch came within the idle grace */
     atomic_store_explicit(&c->gate->launched, 0, memory_order_relaxed);
     flight_lease(c, true);
+    /* Looks a check apart would notice a quiet process only long after the grace
+     * it is given (a high tenant's): a thread that begins a synchronize, waiting
+     * for its work, says when to look. */
+    c->syncs_seen = atomic_load_explicit(&c->syncs, memory_order_relaxed);
+    atomic_store_explicit(&c->sync_looks, c->idle_grace_ns < check, memory_order_relaxed);
     set_gate(c, 1);
     uint64_t look = check; /* until the next look at the process */
+    bool look_now = false;  /* a synchronize began: look at once */
     for (;;) {
-        uint64_t t = now_ns();
-        why = wait_event(c, lease, t + look < end ? t + look : end, false);
-        if (why != WAKE_TIMEOUT || now_ns() >= end) break;
-        look = check;
-        if (busy(c)) continue;
+        if (!look_now) {
+            uint64_t t = now_ns();
+            why = wait_event(c, lease, t + look < end ? t + look : end, false);
+            look_now = why == WAKE_SYNC;
+        }
+        if (look_now) {
+            /* Its launches so far end in that synchronize: the drain below waits
+             * for them, and only a launch after it means the process is busy. */
+            look_now = false;
+            why = WAKE_TIMEOUT;
+            if (now_ns() >= end) break;
+            (void)busy(c);
+        } else {
+            if (why != WAKE_TIMEOUT || now_ns() >= end) break;
+            look = check;
+            if (busy(c)) continue;
+        }
         /* No launch since the last look: idle, or blocked in a synchronize on
          * its own work. Let that work finish and give the process its grace to
          * launch again, the gate open all along: a launch meanwhile runs at
@@ -709,6 +739,10 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
         look = c->idle_grace_ns;
         if (busy(c)) continue;
         why = wait_event(c, lease, drained + c->grace_ns, false);
+        if (why == WAKE_SYNC) { /* it launched, and waits for that work already */
+            look_now = true;
+            continue;
+        }
         if (why != WAKE_TIMEOUT) break; /* revoked, or lost */
         if (busy(c)) continue;
         /* Idle: close the gate and give the token back, unless a launch slipped
@@ -722,6 +756,7 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
         c->idle_at = drained;
         break;
     }
+    atomic_store_explicit(&c->sync_looks, 0, memory_order_relaxed);
     set_gate(c, 0);
     uint64_t closed = now_ns();
     if (why == WAKE_LOST) { /* the scheduler ended the lease with the connection */
@@ -877,6 +912,13 @@ CUresult vcuda_launch_slow(struct vcuda_gate *gate, CUstream stream, int ptsz) {
         /* Waiting for room may have outlasted the lease: never launch through a closed gate. */
         if (atomic_load_explicit(&gate->open, memory_order_acquire)) return CUDA_SUCCESS;
     }
+}
+
+void vcuda_compute_synchronizing(void) {
+    struct token_client *c = &clients[vcuda_thread_gate - vcuda_gates];
+    if (!atomic_load_explicit(&c->sync_looks, memory_order_relaxed)) return;
+    atomic_fetch_add_explicit(&c->syncs, 1, memory_order_relaxed);
+    (void)eventfd_write(c->wake_fd, 1);
 }
 
 void vcuda_compute_context_changed(void) {

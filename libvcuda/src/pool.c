@@ -37,6 +37,7 @@
 #include <sched.h>
 #include <stdbool.h>
 
+#include "compute.h"
 #include "config.h"
 #include "graph_mem.h"
 #include "log.h"
@@ -503,28 +504,36 @@ static CUresult after_sync(CUresult rc) {
     return rc;
 }
 
+/* The synchronize hooks. Before waiting, a synchronize tells the token client
+ * that the process may be going quiet (compute.c); after, pools above their
+ * release threshold give memory back. */
 CUresult vc_cuStreamSynchronize(CUstream stream) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuStreamSynchronize, "cuStreamSynchronize");
+    if (rc == CUDA_SUCCESS) vcuda_compute_synchronizing();
     return rc != CUDA_SUCCESS ? rc : after_sync(vcuda_real.cuStreamSynchronize(stream));
 }
 
 CUresult vc_cuStreamSynchronize_ptsz(CUstream stream) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuStreamSynchronize_ptsz, "cuStreamSynchronize_ptsz");
+    if (rc == CUDA_SUCCESS) vcuda_compute_synchronizing();
     return rc != CUDA_SUCCESS ? rc : after_sync(vcuda_real.cuStreamSynchronize_ptsz(stream));
 }
 
 CUresult vc_cuCtxSynchronize(void) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuCtxSynchronize, "cuCtxSynchronize");
+    if (rc == CUDA_SUCCESS) vcuda_compute_synchronizing();
     return rc != CUDA_SUCCESS ? rc : after_sync(vcuda_real.cuCtxSynchronize());
 }
 
 CUresult vc_cuCtxSynchronize_v2(CUcontext ctx) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuCtxSynchronize_v2, "cuCtxSynchronize_v2");
+    if (rc == CUDA_SUCCESS) vcuda_compute_synchronizing();
     return rc != CUDA_SUCCESS ? rc : after_sync(vcuda_real.cuCtxSynchronize_v2(ctx));
 }
 
 CUresult vc_cuEventSynchronize(CUevent event) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuEventSynchronize, "cuEventSynchronize");
+    if (rc == CUDA_SUCCESS) vcuda_compute_synchronizing();
     return rc != CUDA_SUCCESS ? rc : after_sync(vcuda_real.cuEventSynchronize(event));
 }
 

@@ -13,7 +13,7 @@
  * it closes the gate and gives the token back (the grace is learnt from the
  * process's pauses, within the scheduler's: learn_grace). A holder whose
  * grace is shorter than its looks are apart (a high tenant's) also looks as
- * soon as a thread of the process begins a synchronize. At the end of the
+ * soon as a synchronize of the process returns. At the end of the
  * quantum, or at once on REVOKE, the gate closes, the thread waits for the process's own
  * GPU work and releases with the real hold time (overrun included), asking
  * again at once (MORE) when launchers are waiting. When every launcher waits
@@ -142,7 +142,7 @@ struct token_client {
     uint64_t grace_ns;      /* the idle grace in use, learnt (learn_grace) */
     uint64_t idle_at;       /* when its work was seen complete before its last idle release; 0: none pending */
     _Atomic int sync_looks; /* holding, with a grace shorter than its periodic looks: synchronizes wake it */
-    _Atomic unsigned syncs; /* synchronizes begun meanwhile (vcuda_compute_synchronizing) */
+    _Atomic unsigned syncs; /* synchronizes ended meanwhile (vcuda_compute_synchronized) */
     unsigned syncs_seen;    /* client thread only */
     struct flight flight;
 };
@@ -564,7 +564,7 @@ enum wake { WAKE_TIMEOUT, WAKE_LAUNCHER, WAKE_REVOKED, WAKE_LOST, WAKE_SYNC };
 
 /* Waits until `deadline` (UINT64_MAX: no limit) for a message from the
  * scheduler or, when `for_launcher`, a launcher at the gate; otherwise, while
- * holding `lease`, a thread of the process that began a synchronize
+ * holding `lease`, a thread of the process whose synchronize returned
  * (WAKE_SYNC, after any message that came with it). */
 static enum wake wait_event(struct token_client *c, uint64_t lease, uint64_t deadline, bool for_launcher) {
     for (;;) {
@@ -703,13 +703,14 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
     atomic_store_explicit(&c->gate->launched, 0, memory_order_relaxed);
     flight_lease(c, true);
     /* Looks a check apart would notice a quiet process only long after the grace
-     * it is given (a high tenant's): a thread that begins a synchronize, waiting
-     * for its work, says when to look. */
+     * it is given (a high tenant's): a synchronize that returned, its work done,
+     * says when to look. (Looking as it begins would make this thread wait for
+     * the same work, and a real driver's wait spins a core.) */
     c->syncs_seen = atomic_load_explicit(&c->syncs, memory_order_relaxed);
     atomic_store_explicit(&c->sync_looks, c->idle_grace_ns < check, memory_order_relaxed);
     set_gate(c, 1);
     uint64_t look = check; /* until the next look at the process */
-    bool look_now = false;  /* a synchronize began: look at once */
+    bool look_now = false;  /* a synchronize returned: look at once */
     for (;;) {
         if (!look_now) {
             uint64_t t = now_ns();
@@ -717,8 +718,8 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
             look_now = why == WAKE_SYNC;
         }
         if (look_now) {
-            /* Its launches so far end in that synchronize: the drain below waits
-             * for them, and only a launch after it means the process is busy. */
+            /* Its launches so far were waited for by that synchronize (the drain
+             * below covers the rest): only a launch after the look means busy. */
             look_now = false;
             why = WAKE_TIMEOUT;
             if (now_ns() >= end) break;
@@ -739,7 +740,7 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
         look = c->idle_grace_ns;
         if (busy(c)) continue;
         why = wait_event(c, lease, drained + c->grace_ns, false);
-        if (why == WAKE_SYNC) { /* it launched, and waits for that work already */
+        if (why == WAKE_SYNC) { /* it launched and waited for that work again */
             look_now = true;
             continue;
         }
@@ -914,7 +915,7 @@ CUresult vcuda_launch_slow(struct vcuda_gate *gate, CUstream stream, int ptsz) {
     }
 }
 
-void vcuda_compute_synchronizing(void) {
+void vcuda_compute_synchronized(void) {
     struct token_client *c = &clients[vcuda_thread_gate - vcuda_gates];
     if (!atomic_load_explicit(&c->sync_looks, memory_order_relaxed)) return;
     atomic_fetch_add_explicit(&c->syncs, 1, memory_order_relaxed);

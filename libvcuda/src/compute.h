@@ -46,10 +46,10 @@ extern __thread int vcuda_thread_countdown __attribute__((tls_model("initial-exe
  * CUDA_SUCCESS. */
 CUresult vcuda_launch_slow(struct vcuda_gate *gate, CUstream stream, int ptsz) __attribute__((noinline, cold));
 
-/* The calling thread is about to wait for GPU work (a synchronize). A holder
- * given a short idle grace looks at the process at once, not at its next
- * periodic look: the process may be going quiet. Not on the launch path. */
-void vcuda_compute_synchronizing(void);
+/* The calling thread's synchronize returned: its work is done. A holder given
+ * a short idle grace looks at the process at once, not at its next periodic
+ * look: the process may be going quiet. Not on the launch path. */
+void vcuda_compute_synchronized(void);
 
 /* The calling thread's current context changed: repoint its gate. */
 void vcuda_compute_context_changed(void);

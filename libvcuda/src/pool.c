@@ -496,44 +496,38 @@ static void refresh_pools(CUdevice ordinal, uint64_t headroom) {
 
 void vcuda_pools_refresh_device(CUdevice ordinal) { refresh_pools(ordinal, 0); }
 
-/* A synchronize call returned `rc`: pools above their release threshold give memory back. */
+/* A synchronize call returned `rc`: the token client may find the process
+ * quiet (compute.c), and pools above their release threshold give memory back. */
 static CUresult after_sync(CUresult rc) {
+    if (rc == CUDA_SUCCESS) vcuda_compute_synchronized();
     if (rc == CUDA_SUCCESS && atomic_load_explicit(&releasable_pools, memory_order_relaxed) > 0 &&
         !vcuda_config.disabled)
         refresh_pools(-1, POOL_GROWTH);
     return rc;
 }
 
-/* The synchronize hooks. Before waiting, a synchronize tells the token client
- * that the process may be going quiet (compute.c); after, pools above their
- * release threshold give memory back. */
 CUresult vc_cuStreamSynchronize(CUstream stream) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuStreamSynchronize, "cuStreamSynchronize");
-    if (rc == CUDA_SUCCESS) vcuda_compute_synchronizing();
     return rc != CUDA_SUCCESS ? rc : after_sync(vcuda_real.cuStreamSynchronize(stream));
 }
 
 CUresult vc_cuStreamSynchronize_ptsz(CUstream stream) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuStreamSynchronize_ptsz, "cuStreamSynchronize_ptsz");
-    if (rc == CUDA_SUCCESS) vcuda_compute_synchronizing();
     return rc != CUDA_SUCCESS ? rc : after_sync(vcuda_real.cuStreamSynchronize_ptsz(stream));
 }
 
 CUresult vc_cuCtxSynchronize(void) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuCtxSynchronize, "cuCtxSynchronize");
-    if (rc == CUDA_SUCCESS) vcuda_compute_synchronizing();
     return rc != CUDA_SUCCESS ? rc : after_sync(vcuda_real.cuCtxSynchronize());
 }
 
 CUresult vc_cuCtxSynchronize_v2(CUcontext ctx) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuCtxSynchronize_v2, "cuCtxSynchronize_v2");
-    if (rc == CUDA_SUCCESS) vcuda_compute_synchronizing();
     return rc != CUDA_SUCCESS ? rc : after_sync(vcuda_real.cuCtxSynchronize_v2(ctx));
 }
 
 CUresult vc_cuEventSynchronize(CUevent event) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuEventSynchronize, "cuEventSynchronize");
-    if (rc == CUDA_SUCCESS) vcuda_compute_synchronizing();
     return rc != CUDA_SUCCESS ? rc : after_sync(vcuda_real.cuEventSynchronize(event));
 }
 

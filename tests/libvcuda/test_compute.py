@@ -469,7 +469,7 @@ def test_high_tenant_gives_the_token_back_when_its_short_work_is_done(scheduler:
                                                                       shim: Path, sim_env: dict[str, str],
                                                                       tmp_path: Path) -> None:
     """A `high` tenant running one 300 us kernel every 2 ms and synchronizing, beside a
-    trainer. Its holder looks at the process when it begins to synchronize, so it gives the
+    trainer. Its holder looks at the process when its synchronize returns, so it gives the
     token back about its idle grace (0.2 ms) after each kernel: the trainer gets most of the
     85 % of the GPU it leaves. Looking only every millisecond, the holder saw every look
     busy and held the token through the idle time (3.2 ms per lease, the trainer 0.59)."""

@@ -209,7 +209,7 @@ class Lease:
     lease_id: int
     granted_at: int  # start of the hold (first grant; renewals keep it)
     expires_at: int
-    quantum_ns: int
+    quantum_ns: int  # granted_at to expires_at: the first quantum, renewals extend it
     reclaim_at: int  # without a RELEASE by then the token is taken back
     revoked_at: int = 0  # 0: not revoked
     # Charged from here: the grant, or the end of the previous holder's work when that
@@ -402,7 +402,9 @@ class Policy:
             self.request(tenant_name, client, 0, seq)
 
     def renew(self, tenant_name: str, client: ClientId, lease_id: int, seq: int = 0) -> Grant:
-        """Extend the held lease by one quantum if nobody else may run and below limit."""
+        """Extend the held lease by one quantum, below its limit and unrevoked, if nobody
+        else may run or `dispatch` would lend the token straight back to the holder's
+        tenant: a renewal then saves a drain and a handoff, and changes nobody's turn."""
         tenant = self._tenant(tenant_name)
         now = self.clock()
         lease = self.lease
@@ -416,13 +418,15 @@ class Policy:
                 raise PolicyError(ErrorCode.LEASE_EXPIRED, "lease already reclaimed", lease_id)
             raise PolicyError(ErrorCode.STALE_LEASE, "unknown lease", ref=lease_id)
         at_limit = self._usage(tenant, now) > self._share_ns(tenant, tenant.limit, now)
-        if at_limit or lease.revoked_at or self._someone_else_may_run(tenant_name, now):
+        if at_limit or lease.revoked_at or (
+            self._someone_else_may_run(tenant_name, now) and not self._holder_comes_first(tenant, now)
+        ):
             tenant.stats.renew_denied += 1
             raise PolicyError(ErrorCode.RENEW_DENIED, "others waiting or at limit", lease_id)
         quantum = self._quantum(tenant, 0)
         lease.expires_at = now + quantum
         lease.reclaim_at = lease.expires_at + self.config.grace_ns
-        lease.quantum_ns = quantum
+        lease.quantum_ns = lease.expires_at - lease.granted_at  # an overrun is what runs past its end
         tenant.stats.renewals += 1
         return Grant(tenant_name, client, lease_id, quantum, now, seq, renewal=True)
 
@@ -545,19 +549,13 @@ class Policy:
         for tenant in self._high.values():
             if not tenant.waiting:
                 continue
-            used = tenant.usage.usage(now, window)
-            span = self._span(tenant, now)
-            if used * 100 > tenant.limit * span:
-                continue
-            deficit = tenant.request * span // 100 - used
-            key = (0, -deficit) if deficit > 0 else (2, used)
-            if best is None or key < best:
+            key = self._rank(tenant, now, tenant.usage.usage(now, window))
+            if key is not None and (best is None or key < best):
                 best, best_tenant = key, tenant
         if best is None or best_tenant is None:
             return None
-        used = self._usage(holder, now)
-        deficit = holder.request * self._span(holder, now) // 100 - used
-        if best >= ((1, -deficit) if deficit > 0 else (2, used)):
+        mine = self._rank(holder, now, self._usage(holder, now))
+        if mine is not None and best >= mine:
             return None
         budget = self.budget_ns(holder.name)
         lease.revoked_at = now
@@ -609,6 +607,34 @@ class Policy:
         if lease is not None and lease.tenant == tenant.name:
             held += max(0, min(now, lease.reclaim_at) - lease.charged_from)
         return held
+
+    def _rank(self, tenant: Tenant, now: int, used: int) -> tuple[int, int] | None:
+        """The tenant's place in `dispatch`'s order (lower first), None at its limit."""
+        span = self._span(tenant, now)
+        if used * 100 > tenant.limit * span:
+            return None
+        deficit = tenant.request * span // 100 - used
+        if deficit > 0:
+            return (0 if tenant.priority == HIGH else 1, -deficit)
+        return (2, used)
+
+    def _holder_comes_first(self, holder: Tenant, now: int) -> bool:
+        """Whether `dispatch` would pick the holder's tenant, its lease in force counted,
+        before every waiting tenant (a tie goes to the one waiting). Another process of
+        the holder's tenant waiting: no, it is that process's turn."""
+        if holder.waiting:
+            return False
+        mine = self._rank(holder, now, self._usage(holder, now))
+        if mine is None:
+            return False
+        window = self.config.window_ns
+        for tenant in self.tenants.values():
+            if tenant is holder or not tenant.waiting:
+                continue
+            theirs = self._rank(tenant, now, tenant.usage.usage(now, window))
+            if theirs is not None and theirs <= mine:
+                return False
+        return True
 
     def _someone_else_may_run(self, holder: str, now: int) -> bool:
         for tenant in self.tenants.values():

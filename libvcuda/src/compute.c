@@ -13,8 +13,10 @@
  * it closes the gate and gives the token back (the grace is learnt from the
  * process's pauses, within the scheduler's: learn_grace). A holder whose
  * grace is shorter than its looks are apart (a high tenant's) also looks as
- * soon as a synchronize of the process returns. At the end of the
- * quantum, or at once on REVOKE, the gate closes, the thread waits for the process's own
+ * soon as a synchronize of the process returns. Shortly before the end of
+ * the quantum the thread asks to keep the lease (RENEW); granted when the
+ * scheduler would lend the token straight back, the hold goes on with a new
+ * quantum. At the end of the quantum, or at once on REVOKE, the gate closes, the thread waits for the process's own
  * GPU work and releases with the real hold time (overrun included), asking
  * again at once (MORE) when launchers are waiting. When every launcher waits
  * (at the gate, where each first seals its launches with a checkpoint, or for
@@ -63,9 +65,9 @@ struct vcuda_gate vcuda_gates[VCUDA_MAX_DEVICES];
 __thread struct vcuda_gate *vcuda_thread_gate __attribute__((tls_model("initial-exec"))) = &vcuda_gates[0];
 __thread int vcuda_thread_countdown __attribute__((tls_model("initial-exec")));
 
-enum { MSG_REQUEST = 1, MSG_GRANT = 2, MSG_RELEASE = 3, MSG_ERROR = 5, MSG_REVOKE = 8, MSG_BUDGET = 9, MSG_REPORT = 10 };
+enum { MSG_REQUEST = 1, MSG_GRANT = 2, MSG_RELEASE = 3, MSG_RENEW = 4, MSG_ERROR = 5, MSG_REVOKE = 8, MSG_BUDGET = 9, MSG_REPORT = 10 };
 enum { FLAG_MORE = 1 };
-enum { ERR_STALE_LEASE = 5, ERR_LEASE_EXPIRED = 6, ERR_TENANT_REMOVED = 9 };
+enum { ERR_STALE_LEASE = 5, ERR_LEASE_EXPIRED = 6, ERR_RENEW_DENIED = 7, ERR_TENANT_REMOVED = 9 };
 #define HEADER_LEN 16
 #define IDLE_CHECK_MIN_NS 1000000ull /* 1 ms */
 #define IDLE_GRACE_NS 1000000ull     /* after its work completed, a busy process launches within this
@@ -86,6 +88,8 @@ enum { ERR_STALE_LEASE = 5, ERR_LEASE_EXPIRED = 6, ERR_TENANT_REMOVED = 9 };
                                       * grant and wake-up overlap the last of it (a handoff is 4 process
                                       * wake-ups, up to 100 us each on a busy or virtual machine; ending
                                       * early costs nothing, the next work queues behind the tail) */
+#define RENEW_LEAD_NS 1000000ull      /* a holder asks to keep its lease this long before it ends */
+#define RENEW_WAIT_NS 1000000ull      /* ... and waits at most this long past the end for the answer */
 #define FLIGHT_POLL_NS 500000ull      /* a wait on an estimate looks at the checkpoints again this often */
 #define CLIENT_TIMER_SLACK_NS 1000    /* the client thread's sleeps end within 1 us, not the default 50 */
 
@@ -144,6 +148,8 @@ struct token_client {
     _Atomic int sync_looks; /* holding, with a grace shorter than its periodic looks: synchronizes wake it */
     _Atomic unsigned syncs; /* synchronizes ended meanwhile (vcuda_compute_synchronized) */
     unsigned syncs_seen;    /* client thread only */
+    uint64_t renewed_ns;    /* the quantum of the renewal just granted (WAKE_RENEWED) */
+    uint64_t unanswered;    /* a lease released before the answer to its RENEW came: ignore that answer */
     struct flight flight;
 };
 static struct token_client clients[VCUDA_MAX_DEVICES];
@@ -546,21 +552,31 @@ static bool busy(struct token_client *c) {
            atomic_load_explicit(&c->flight.waiting, memory_order_relaxed) > 0 || waiting_launchers(c) > 0;
 }
 
+enum wake { WAKE_TIMEOUT, WAKE_LAUNCHER, WAKE_REVOKED, WAKE_LOST, WAKE_SYNC, WAKE_RENEWED, WAKE_DENIED };
+
 /* One scheduler frame that arrived while holding `lease` (0: none): BUDGET
- * applies at once; returns true for a REVOKE of that lease. */
-static bool take_message(struct token_client *c, const unsigned char *buf, size_t len, uint64_t lease) {
-    if (len < HEADER_LEN || memcmp(buf, "VCTS", 4) != 0) return false;
+ * applies at once; a REVOKE of that lease, or the answer to its RENEW (a GRANT
+ * of the same lease, *renewed_ns its new quantum, or an ERROR about it), is
+ * returned; anything else is WAKE_TIMEOUT (nothing to act on). */
+static enum wake take_message(struct token_client *c, const unsigned char *buf, size_t len, uint64_t lease) {
+    if (len < HEADER_LEN || memcmp(buf, "VCTS", 4) != 0) return WAKE_TIMEOUT;
     if (buf[5] == MSG_BUDGET && len >= HEADER_LEN + 8) {
         flight_set_budget(c, (uint64_t)get32(buf + 16) * 1000ull);
         uint64_t grace = (uint64_t)get32(buf + 20) * 1000ull;
         if (grace != c->idle_grace_ns) c->grace_ns = grace; /* a new bound: start from it */
         c->idle_grace_ns = grace;
-        return false;
+        return WAKE_TIMEOUT;
     }
-    return buf[5] == MSG_REVOKE && len >= HEADER_LEN + 16 && lease != 0 && get64(buf + 16) == lease;
+    if (lease == 0 || len < HEADER_LEN + 16) return WAKE_TIMEOUT;
+    if (buf[5] == MSG_REVOKE && get64(buf + 16) == lease) return WAKE_REVOKED;
+    if (lease == c->unanswered) return WAKE_TIMEOUT; /* the answer to a RENEW it stopped waiting for */
+    if (buf[5] == MSG_GRANT && get64(buf + 16) == lease) {
+        c->renewed_ns = (uint64_t)get32(buf + 24) * 1000ull;
+        return WAKE_RENEWED;
+    }
+    if (buf[5] == MSG_ERROR && get64(buf + 24) == lease) return WAKE_DENIED; /* RENEW_DENIED, LEASE_EXPIRED */
+    return WAKE_TIMEOUT;
 }
-
-enum wake { WAKE_TIMEOUT, WAKE_LAUNCHER, WAKE_REVOKED, WAKE_LOST, WAKE_SYNC };
 
 /* Waits until `deadline` (UINT64_MAX: no limit) for a message from the
  * scheduler or, when `for_launcher`, a launcher at the gate; otherwise, while
@@ -588,7 +604,8 @@ static enum wake wait_event(struct token_client *c, uint64_t lease, uint64_t dea
             size_t len = 0;
             int got = vcuda_zmtp_recv(&c->conn, buf, sizeof buf, &len, 0);
             if (got < 0) return WAKE_LOST;
-            if (got == 0 && take_message(c, buf, len, lease)) return WAKE_REVOKED;
+            enum wake said = got == 0 ? take_message(c, buf, len, lease) : WAKE_TIMEOUT;
+            if (said != WAKE_TIMEOUT) return said;
         }
         if (synced) return WAKE_SYNC;
     }
@@ -607,6 +624,7 @@ static bool wait_grant(struct token_client *c, uint64_t *lease, uint64_t *quantu
         if (r != 0) return false;
         if (len < HEADER_LEN || memcmp(buf, "VCTS", 4) != 0) continue;
         if (buf[5] == MSG_GRANT && len >= HEADER_LEN + 16) {
+            if (get64(buf + 16) == c->unanswered) continue; /* a renewal of a lease already given back */
             *lease = get64(buf + 16);
             *quantum_ns = (uint64_t)get32(buf + 24) * 1000ull;
             return true;
@@ -614,7 +632,9 @@ static bool wait_grant(struct token_client *c, uint64_t *lease, uint64_t *quantu
         if (buf[5] == MSG_ERROR && len >= HEADER_LEN + 16) {
             unsigned code = (unsigned)buf[16] | (unsigned)buf[17] << 8;
             if (code == ERR_TENANT_REMOVED) vcuda_warn("the token scheduler removed this tenant");
-            else vcuda_debug("token scheduler error %u", code);
+            if (code == ERR_TENANT_REMOVED || code == ERR_RENEW_DENIED || get64(buf + 24) == c->unanswered)
+                continue; /* not about this request (the answer to a RENEW of a lease given back) */
+            vcuda_debug("token scheduler error %u", code);
             /* A lost or stale request: ask again. */
             if (code == ERR_STALE_LEASE || code == ERR_LEASE_EXPIRED) send_request(c);
             continue;
@@ -685,15 +705,36 @@ static void learn_grace(struct token_client *c, uint64_t resume) {
     c->idle_at = 0;
 }
 
+/* The terms of a lease while it is held: its quantum, when the gate closes, and
+ * when to ask for a renewal (RENEW_LEAD_NS before that, at most a quarter quantum). */
+struct term {
+    uint64_t quantum_ns, lead_ns, end, renew_at;
+    bool asked; /* a RENEW is unanswered */
+};
+
+/* Closes the gate early by the time the process's queued work usually takes to
+ * drain, so the hold, overrun included, stays within the quantum. */
+static void term_start(struct token_client *c, struct term *t, uint64_t from, uint64_t quantum_ns) {
+    t->quantum_ns = quantum_ns;
+    t->lead_ns = c->drain_ns < quantum_ns / 2 ? c->drain_ns : quantum_ns / 2;
+    t->end = from + quantum_ns - t->lead_ns;
+    t->renew_at = t->end - (quantum_ns / 4 < RENEW_LEAD_NS ? quantum_ns / 4 : RENEW_LEAD_NS);
+    t->asked = false;
+}
+
+/* The scheduler answered the RENEW (WAKE_RENEWED: a new quantum from now). */
+static void term_answered(struct token_client *c, struct term *t, enum wake why) {
+    if (why == WAKE_RENEWED) term_start(c, t, now_ns(), c->renewed_ns);
+    t->asked = false;
+}
+
 /* Holds the token until the quantum ends, the process goes idle, the lease is
  * revoked or the scheduler is lost; returns whether it asked for the token
  * again (RELEASE with MORE). */
 static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
     uint64_t receipt = now_ns();
-    /* Close the gate early by the time the process's queued work usually takes
-     * to drain, so the hold, overrun included, stays within the quantum. */
-    uint64_t lead = c->drain_ns < quantum_ns / 2 ? c->drain_ns : quantum_ns / 2;
-    uint64_t end = receipt + quantum_ns - lead;
+    struct term term;
+    term_start(c, &term, receipt, quantum_ns);
     /* Idle checks a quarter quantum apart, but at most a few idle graces: a tenant told to
      * give the token back quickly (a high one) must also notice quickly that it is idle. */
     uint64_t check = quantum_ns / 4 < 4 * c->idle_grace_ns ? quantum_ns / 4 : 4 * c->idle_grace_ns;
@@ -711,10 +752,29 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
     set_gate(c, 1);
     uint64_t look = check; /* until the next look at the process */
     bool look_now = false;  /* a synchronize returned: look at once */
+    /* Renewal: the holder asks a little before its end to keep the lease. The
+     * scheduler grants it when it would lend the token straight back anyway, which
+     * saves a drain and a handoff to itself; denied, the lease ends as it would
+     * have, the answer awaited at most RENEW_WAIT_NS past the end. */
     for (;;) {
+        uint64_t stop = term.asked ? term.end + RENEW_WAIT_NS : term.end;
         if (!look_now) {
-            uint64_t t = now_ns();
-            why = wait_event(c, lease, t + look < end ? t + look : end, false);
+            uint64_t t = now_ns(), until = t + look < stop ? t + look : stop;
+            if (term.renew_at < until) until = term.renew_at;
+            why = wait_event(c, lease, until, false);
+            if (why == WAKE_RENEWED || why == WAKE_DENIED) {
+                term_answered(c, &term, why);
+                why = WAKE_TIMEOUT;
+                continue;
+            }
+            if (why == WAKE_TIMEOUT && now_ns() >= term.renew_at) {
+                /* Asked whatever the process does: one waiting on its own work
+                 * may have more, and a quiet one still gives the token back
+                 * within its idle grace. */
+                term.renew_at = UINT64_MAX;
+                term.asked = send_msg(c, MSG_RENEW, 0, lease, now_ns() - receipt) == 0;
+                continue;
+            }
             look_now = why == WAKE_SYNC;
         }
         if (look_now) {
@@ -722,10 +782,11 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
              * below covers the rest): only a launch after the look means busy. */
             look_now = false;
             why = WAKE_TIMEOUT;
-            if (now_ns() >= end) break;
+            if (now_ns() >= stop) break;
             (void)busy(c);
         } else {
-            if (why != WAKE_TIMEOUT || now_ns() >= end) break;
+            if (why != WAKE_TIMEOUT || now_ns() >= stop) break;
+            if (now_ns() >= term.end) continue; /* waiting for the answer to its RENEW */
             look = check;
             if (busy(c)) continue;
         }
@@ -739,7 +800,10 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
         uint64_t drained = now_ns();
         look = c->idle_grace_ns;
         if (busy(c)) continue;
-        why = wait_event(c, lease, drained + c->grace_ns, false);
+        do {
+            why = wait_event(c, lease, drained + c->grace_ns, false);
+            if (why == WAKE_RENEWED || why == WAKE_DENIED) term_answered(c, &term, why);
+        } while (why == WAKE_RENEWED || why == WAKE_DENIED);
         if (why == WAKE_SYNC) { /* it launched and waited for that work again */
             look_now = true;
             continue;
@@ -759,6 +823,7 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
     }
     atomic_store_explicit(&c->sync_looks, 0, memory_order_relaxed);
     set_gate(c, 0);
+    if (term.asked) c->unanswered = lease;
     uint64_t closed = now_ns();
     if (why == WAKE_LOST) { /* the scheduler ended the lease with the connection */
         drain_own_work(c);

@@ -96,6 +96,21 @@ def test_elastic_limit_next_to_an_idle_tenant(scheduler: AdminClient, cuprobe: P
     assert abs(100 * busy / wall - 70) <= 3.0, f"elastic tenant got {100 * busy / wall:.1f}% of the GPU"
 
 
+def test_a_tenant_alone_keeps_its_lease_through_renewals(scheduler: AdminClient, cuprobe: Path, shim: Path,
+                                                         sim_env: dict[str, str], tmp_path: Path) -> None:
+    """Nobody else waits: at each quantum's end the holder renews (RENEW) rather than
+    draining its queue, releasing and being granted again, which left the GPU idle."""
+    a = scheduler.call("add", tenant="a", request=40, limit=100)["endpoint"]
+    scheduler.call("add", tenant="b", request=60)  # registered, idle
+    busy, wall = busy_us(spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "a", str(a)), 3000, sync_every=200))
+    stats = scheduler.call("stats")["tenants"]["a"]
+    # Without renewals: a grant per quantum (at most 50 ms), 60 or more. A few idle
+    # releases may come at its synchronizes.
+    counts = {k: stats[k] for k in ("grants", "renewals", "renew_denied", "expiries")}
+    assert stats["renewals"] >= 20 and stats["grants"] <= 10, counts
+    assert busy / wall >= 0.95, f"{busy / wall:.3f} of the GPU, {counts}"
+
+
 def test_live_update_takes_effect(scheduler: AdminClient, cuprobe: Path, shim: Path, sim_env: dict[str, str],
                                   tmp_path: Path) -> None:
     a = scheduler.call("add", tenant="a", request=50, limit=50)["endpoint"]

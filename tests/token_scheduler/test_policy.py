@@ -190,6 +190,59 @@ def test_renew_only_when_uncontended() -> None:
     assert info.value.code == ErrorCode.RENEW_DENIED
 
 
+def test_renew_when_the_holder_would_get_the_token_back_anyway() -> None:
+    policy, clock = make(("inference", 60, 100), ("trainer", 40, 100))
+    policy.update_tenant("inference", 60, 100, priority="high")
+    hold(policy, clock, "trainer", b"t", 500 * MS)  # the trainer is above its request
+    policy.request("inference", b"i", 0)
+    grant = policy.dispatch()
+    assert grant is not None and grant.tenant == "inference"
+    policy.request("trainer", b"t", 0)
+    clock.advance(grant.quantum_ns - MS)
+    # Released now, the token would go straight back to the inference (below its request):
+    # it keeps it, and the trainer's turn is unchanged.
+    renewed = policy.renew("inference", b"i", grant.lease_id)
+    assert renewed.lease_id == grant.lease_id and renewed.renewal
+    assert policy.stats()["tenants"]["inference"]["renewals"] == 1  # type: ignore[index]
+    # The inference past its request, the trainer below its own: the trainer comes first.
+    clock.advance(700 * MS)
+    with pytest.raises(PolicyError) as info:
+        policy.renew("inference", b"i", grant.lease_id)
+    assert info.value.code == ErrorCode.RENEW_DENIED
+
+
+def test_renew_is_denied_when_another_process_of_the_tenant_waits() -> None:
+    policy, clock = make(("a", 60, 100), ("b", 40, 100))
+    hold(policy, clock, "b", b"1", 500 * MS)
+    policy.request("a", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None and grant.tenant == "a"
+    policy.request("b", b"1", 0)
+    assert policy.renew("a", b"1", grant.lease_id).renewal  # a comes before b
+    policy.request("a", b"2", 0)
+    with pytest.raises(PolicyError) as info:
+        policy.renew("a", b"1", grant.lease_id)  # its other process's turn
+    assert info.value.code == ErrorCode.RENEW_DENIED
+
+
+def test_a_renewed_hold_is_no_overrun() -> None:
+    policy, clock = make(("a", 50, 100))
+    policy.request("a", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None
+    held = 0
+    for _ in range(5):
+        clock.advance(grant.quantum_ns - MS)
+        held += grant.quantum_ns - MS
+        grant = policy.renew("a", b"1", grant.lease_id)
+    clock.advance(MS)
+    policy.release("a", b"1", grant.lease_id, held + MS, False)
+    assert policy.stats()["tenants"]["a"]["overruns"] == 0  # type: ignore[index]
+    policy.request("a", b"1", 0)
+    again = policy.dispatch()
+    assert again is not None and again.quantum_ns > CFG.quantum_min_ns  # not shrunk by an "overrun"
+
+
 def test_renew_of_reclaimed_lease_says_expired() -> None:
     policy, clock = make(("a", 50, 100))
     policy.request("a", b"1", 0)

@@ -140,6 +140,8 @@ def _container_metrics(f: _Families, snap: NodeSnapshot, c: ContainerGPU) -> Non
     f.counter("vcuda_container_token_grants", "Tokens granted", CONTAINER_LABELS).add_metric(labels, t.grants)
     f.counter("vcuda_container_token_overruns", "Tokens held past their quantum",
               CONTAINER_LABELS).add_metric(labels, t.overruns)
+    f.counter("vcuda_container_token_renewals", "Leases kept at their quantum's end because nobody else came "
+              "first", CONTAINER_LABELS).add_metric(labels, t.renewals)
     f.gauge("vcuda_container_token_waiting", "Processes of the container waiting for a token",
             CONTAINER_LABELS).add_metric(labels, t.waiting)
     f.counter("vcuda_container_token_revocations", "Leases revoked for a high-priority tenant",

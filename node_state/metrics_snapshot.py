@@ -75,6 +75,7 @@ class TenantStats:
     wait: WaitHistogram
     priority: str = "normal"
     revocations: int = 0          # its leases revoked for a `high` tenant
+    renewals: int = 0             # leases it kept at their quantum's end (RENEW)
     revoke_reclaims: int = 0      # ... not released in time, reclaimed
     budget_s: float | None = None  # its in-flight budget now; None: a scheduler without budgets
     budget_hits: int = 0          # launches that waited for room under the budget
@@ -405,6 +406,7 @@ class NodeReader:
                         wait=WaitHistogram.from_stats(doc["wait_histogram"]),
                         priority=str(doc.get("priority", record.priority)),
                         revocations=int(doc.get("revocations", 0)),
+                        renewals=int(doc.get("renewals", 0)),
                         revoke_reclaims=int(doc.get("revoke_reclaims", 0)),
                         budget_s=float(doc["budget_us"]) / 1e6 if "budget_us" in doc else None,
                         budget_hits=int(doc.get("budget_hits", 0)),

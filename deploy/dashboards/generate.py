@@ -129,9 +129,12 @@ POD = Dashboard(
               (Query(f"sum by ({BY_CONTAINER}) "
                      f"(rate(vcuda_container_token_wait_seconds_sum{{{POD_SEL}}}[$__rate_interval]))",
                      WHO),)),
-        Panel("Token grants and overruns", "Tokens granted per second, and grants held past their quantum.", "ops",
+        Panel("Token grants, renewals and overruns", "Tokens granted per second, leases kept at their quantum's end "
+              "(renewed: nobody else came first), and leases held past their quantum.", "ops",
               (Query(f"sum by ({BY_CONTAINER}) (rate(vcuda_container_token_grants_total{{{POD_SEL}}}"
                      "[$__rate_interval]))", f"{WHO} grants"),
+               Query(f"sum by ({BY_CONTAINER}) (rate(vcuda_container_token_renewals_total{{{POD_SEL}}}"
+                     "[$__rate_interval]))", f"{WHO} renewed"),
                Query(f"sum by ({BY_CONTAINER}) (rate(vcuda_container_token_overruns_total{{{POD_SEL}}}"
                      "[$__rate_interval]))", f"{WHO} overruns"))),
         Panel("Revocations and in-flight budget", "Leases revoked per second for a `high` tenant, those not "

@@ -208,6 +208,7 @@ def test_token_counters_and_waits_match_the_schedulers_stats(node: Node, exporte
         lo, hi, labels = before[t.gpu][t.key], after[t.gpu][t.key], labels_of(node, t.key)
         for metric, field in (("vcuda_container_token_grants_total", "grants"),
                               ("vcuda_container_token_overruns_total", "overruns"),
+                              ("vcuda_container_token_renewals_total", "renewals"),
                               ("vcuda_container_token_revocations_total", "revocations"),
                               ("vcuda_container_token_revoke_reclaims_total", "revoke_reclaims"),
                               ("vcuda_container_inflight_budget_hits_total", "budget_hits")):

@@ -402,9 +402,9 @@ class Policy:
             self.request(tenant_name, client, 0, seq)
 
     def renew(self, tenant_name: str, client: ClientId, lease_id: int, seq: int = 0) -> Grant:
-        """Extend the held lease by one quantum, below its limit and unrevoked, if nobody
-        else may run or `dispatch` would lend the token straight back to the holder's
-        tenant: a renewal then saves a drain and a handoff, and changes nobody's turn."""
+        """Extend the held lease by one quantum, below its limit and unrevoked, if `dispatch`
+        would lend the token straight back to the holder's tenant (nobody else may run, or
+        it comes first): a renewal then saves a drain and a handoff, and changes nobody's turn."""
         tenant = self._tenant(tenant_name)
         now = self.clock()
         lease = self.lease
@@ -418,9 +418,7 @@ class Policy:
                 raise PolicyError(ErrorCode.LEASE_EXPIRED, "lease already reclaimed", lease_id)
             raise PolicyError(ErrorCode.STALE_LEASE, "unknown lease", ref=lease_id)
         at_limit = self._usage(tenant, now) > self._share_ns(tenant, tenant.limit, now)
-        if at_limit or lease.revoked_at or (
-            self._someone_else_may_run(tenant_name, now) and not self._holder_comes_first(tenant, now)
-        ):
+        if at_limit or lease.revoked_at or not self._holder_comes_first(tenant, now):
             tenant.stats.renew_denied += 1
             raise PolicyError(ErrorCode.RENEW_DENIED, "others waiting or at limit", lease_id)
         quantum = self._quantum(tenant, 0)
@@ -620,8 +618,8 @@ class Policy:
 
     def _holder_comes_first(self, holder: Tenant, now: int) -> bool:
         """Whether `dispatch` would pick the holder's tenant, its lease in force counted,
-        before every waiting tenant (a tie goes to the one waiting). Another process of
-        the holder's tenant waiting: no, it is that process's turn."""
+        before every waiting tenant below its limit (a tie goes to the one waiting; with
+        none, yes). Another process of the holder's tenant waiting: no, it is its turn."""
         if holder.waiting:
             return False
         mine = self._rank(holder, now, self._usage(holder, now))
@@ -635,16 +633,6 @@ class Policy:
             if theirs is not None and theirs <= mine:
                 return False
         return True
-
-    def _someone_else_may_run(self, holder: str, now: int) -> bool:
-        for tenant in self.tenants.values():
-            if not tenant.waiting:
-                continue
-            if tenant.name == holder:
-                return True  # another process of the same tenant waits
-            if self._usage(tenant, now) < self._share_ns(tenant, tenant.limit, now):
-                return True
-        return False
 
     def _quantum(self, tenant: Tenant, predicted_ns: int) -> int:
         cfg = self.config

@@ -581,14 +581,17 @@ static enum wake take_message(struct token_client *c, const unsigned char *buf, 
 /* Waits until `deadline` (UINT64_MAX: no limit) for a message from the
  * scheduler or, when `for_launcher`, a launcher at the gate; otherwise, while
  * holding `lease`, a thread of the process whose synchronize returned
- * (WAKE_SYNC, after any message that came with it). */
+ * (WAKE_SYNC, after any message that came with it). It looks at least once,
+ * even past its deadline: an answer that came while this thread waited for the
+ * process's work (drain_own_work, up to the in-flight budget) is taken, not
+ * left behind while the term it would have renewed runs out. */
 static enum wake wait_event(struct token_client *c, uint64_t lease, uint64_t deadline, bool for_launcher) {
-    for (;;) {
+    for (bool looked = false;; looked = true) {
         if (for_launcher && waiting_launchers(c) > 0) return WAKE_LAUNCHER;
         uint64_t t = now_ns();
-        if (t >= deadline) return WAKE_TIMEOUT;
+        if (t >= deadline && looked) return WAKE_TIMEOUT;
         struct pollfd fds[2] = {{.fd = c->conn.fd, .events = POLLIN}, {.fd = c->wake_fd, .events = POLLIN}};
-        struct timespec left = to_timespec(deadline - t);
+        struct timespec left = to_timespec(t >= deadline ? 0 : deadline - t);
         int r = ppoll(fds, 2, deadline == UINT64_MAX ? NULL : &left, NULL);
         if (r <= 0) continue; /* timeout (checked above) or a signal */
         bool synced = false;
@@ -728,6 +731,24 @@ static void term_answered(struct token_client *c, struct term *t, enum wake why)
     t->asked = false;
 }
 
+/* Asks the scheduler to renew the lease, once. */
+static void ask_renewal(struct token_client *c, struct term *t, uint64_t lease, uint64_t receipt) {
+    t->renew_at = UINT64_MAX;
+    t->asked = send_msg(c, MSG_RENEW, 0, lease, now_ns() - receipt) == 0;
+}
+
+/* How long waiting for the process's work (drain_own_work) may keep this
+ * thread: its work in flight, estimated, else the in-flight budget. */
+static uint64_t drain_bound(struct token_client *c) {
+    struct flight *f = &c->flight;
+    pthread_mutex_lock(&f->lock);
+    flight_settle(f);
+    uint64_t left = flight_left(f, now_ns(), false);
+    if (left == UINT64_MAX) left = f->budget_ns;
+    pthread_mutex_unlock(&f->lock);
+    return left;
+}
+
 /* Holds the token until the quantum ends, the process goes idle, the lease is
  * revoked or the scheduler is lost; returns whether it asked for the token
  * again (RELEASE with MORE). */
@@ -757,6 +778,11 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
      * saves a drain and a handoff to itself; denied, the lease ends as it would
      * have, the answer awaited at most RENEW_WAIT_NS past the end. */
     for (;;) {
+        /* Asked whatever the process does: one waiting on its own work may have
+         * more, and a quiet one still gives the token back within its idle
+         * grace. Checked on every pass, not only at a timeout: a look may have
+         * run past renew_at. */
+        if (now_ns() >= term.renew_at) ask_renewal(c, &term, lease, receipt);
         uint64_t stop = term.asked ? term.end + RENEW_WAIT_NS : term.end;
         if (!look_now) {
             uint64_t t = now_ns(), until = t + look < stop ? t + look : stop;
@@ -767,14 +793,7 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
                 why = WAKE_TIMEOUT;
                 continue;
             }
-            if (why == WAKE_TIMEOUT && now_ns() >= term.renew_at) {
-                /* Asked whatever the process does: one waiting on its own work
-                 * may have more, and a quiet one still gives the token back
-                 * within its idle grace. */
-                term.renew_at = UINT64_MAX;
-                term.asked = send_msg(c, MSG_RENEW, 0, lease, now_ns() - receipt) == 0;
-                continue;
-            }
+            if (why == WAKE_TIMEOUT && now_ns() >= term.renew_at) continue; /* time to ask: above */
             look_now = why == WAKE_SYNC;
         }
         if (look_now) {
@@ -795,15 +814,25 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
          * launch again, the gate open all along: a launch meanwhile runs at
          * once, and the hold goes on. A process that launched meanwhile is
          * looked at again after a grace, not a whole check: its new work may
-         * be short. */
+         * be short. The wait may outlast the term (a high tenant's request,
+         * synchronized on): ask for the renewal before it, and the answer is
+         * read as it ends, rather than the term running out with work left. */
+        if (term.renew_at != UINT64_MAX && now_ns() + drain_bound(c) >= term.end)
+            ask_renewal(c, &term, lease, receipt);
         drain_own_work(c);
         uint64_t drained = now_ns();
         look = c->idle_grace_ns;
         if (busy(c)) continue;
-        do {
-            why = wait_event(c, lease, drained + c->grace_ns, false);
-            if (why == WAKE_RENEWED || why == WAKE_DENIED) term_answered(c, &term, why);
-        } while (why == WAKE_RENEWED || why == WAKE_DENIED);
+        for (bool again = true; again;) {
+            uint64_t until = drained + c->grace_ns;
+            why = wait_event(c, lease, term.renew_at < until ? term.renew_at : until, false);
+            again = why == WAKE_RENEWED || why == WAKE_DENIED;
+            if (again) term_answered(c, &term, why);
+            if (why == WAKE_TIMEOUT && now_ns() < until) { /* at renew_at, within the grace */
+                ask_renewal(c, &term, lease, receipt);
+                again = true;
+            }
+        }
         if (why == WAKE_SYNC) { /* it launched and waited for that work again */
             look_now = true;
             continue;

@@ -96,13 +96,20 @@ def test_elastic_limit_next_to_an_idle_tenant(scheduler: AdminClient, cuprobe: P
     assert abs(100 * busy / wall - 70) <= 3.0, f"elastic tenant got {100 * busy / wall:.1f}% of the GPU"
 
 
+@pytest.mark.parametrize(("priority", "kernel_us", "sync_every"), [("normal", KERNEL_US, 200), ("high", 200, 20)],
+                         ids=["deep-queue", "high-synchronized-requests"])
 def test_a_tenant_alone_keeps_its_lease_through_renewals(scheduler: AdminClient, cuprobe: Path, shim: Path,
-                                                         sim_env: dict[str, str], tmp_path: Path) -> None:
+                                                         sim_env: dict[str, str], tmp_path: Path, priority: str,
+                                                         kernel_us: int, sync_every: int) -> None:
     """Nobody else waits: at each quantum's end the holder renews (RENEW) rather than
-    draining its queue, releasing and being granted again, which left the GPU idle."""
-    a = scheduler.call("add", tenant="a", request=40, limit=100)["endpoint"]
+    draining its queue, releasing and being granted again, which left the GPU idle.
+    A high tenant synchronizing on each 4 ms request keeps the client thread
+    waiting for that work through its renewal time and its quantum's end: it
+    asks as the wait ends and keeps the lease all the same."""
+    a = scheduler.call("add", tenant="a", request=40, limit=100, priority=priority)["endpoint"]
     scheduler.call("add", tenant="b", request=60)  # registered, idle
-    busy, wall = busy_us(spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "a", str(a)), 3000, sync_every=200))
+    busy, wall = busy_us(spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "a", str(a)), 3000,
+                              sync_every=sync_every, kernel_us=kernel_us))
     stats = scheduler.call("stats")["tenants"]["a"]
     # Without renewals: a grant per quantum (at most 50 ms), 60 or more. A few idle
     # releases may come at its synchronizes.

@@ -125,4 +125,4 @@ def test_decode_structured_garbage(msg_type: MsgType, flags: int, body: bytes) -
         msg = wire.decode_client(frame)
     except WireError:
         return
-    assert msg.type in (MsgType.REQUEST, MsgType.RELEASE, MsgType.RENEW, MsgType.PING)
+    assert msg.type in (MsgType.REQUEST, MsgType.RELEASE, MsgType.RENEW, MsgType.PING, MsgType.REPORT)

@@ -684,8 +684,11 @@ static void drain_own_work(struct token_client *c) {
 static void set_gate(struct token_client *c, int open) {
     pthread_mutex_lock(&c->lock);
     atomic_store_explicit(&c->gate->open, open, memory_order_release);
-    if (open) pthread_cond_broadcast(&c->opened);
     pthread_mutex_unlock(&c->lock);
+    /* After the unlock: a launcher woken while this thread still held the lock
+     * would block on it once more, a second wake-up before its launch. Waiters
+     * test the gate under the lock, so none misses this broadcast. */
+    if (open) pthread_cond_broadcast(&c->opened);
 }
 
 /* An idle release was followed by the process's next launch `resume` after its

@@ -826,16 +826,10 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
         uint64_t drained = now_ns();
         look = c->idle_grace_ns;
         if (busy(c)) continue;
-        for (bool again = true; again;) {
-            uint64_t until = drained + c->grace_ns;
-            why = wait_event(c, lease, term.renew_at < until ? term.renew_at : until, false);
-            again = why == WAKE_RENEWED || why == WAKE_DENIED;
-            if (again) term_answered(c, &term, why);
-            if (why == WAKE_TIMEOUT && now_ns() < until) { /* at renew_at, within the grace */
-                ask_renewal(c, &term, lease, receipt);
-                again = true;
-            }
-        }
+        do { /* a renewal time that passes meanwhile is asked at the loop's top */
+            why = wait_event(c, lease, drained + c->grace_ns, false);
+            if (why == WAKE_RENEWED || why == WAKE_DENIED) term_answered(c, &term, why);
+        } while (why == WAKE_RENEWED || why == WAKE_DENIED);
         if (why == WAKE_SYNC) { /* it launched and waited for that work again */
             look_now = true;
             continue;

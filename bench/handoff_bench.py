@@ -1,6 +1,6 @@
 """Token handoff latency with C clients (libvcuda's ZMTP code), next to the Python clients.
 
-    python3 bench/handoff_bench.py [--handoffs 5000] [--runs 5] [--poll] [--no-python]
+    python3 bench/handoff_bench.py [--handoffs 5000] [--runs 5] [--poll] [--hold-us N] [--no-python]
 
 Builds bench/c/handoff.c against libvcuda/src/zmtp.c, starts a token
 scheduler daemon (window 2 s) in a short temp dir, adds two tenants (request
@@ -19,6 +19,12 @@ The pairs run twice: with the processes wherever Linux puts them, then all on
 one CPU (no cross-CPU wake-up: the figure without the virtual machine's
 cross-vCPU cost). Then the Python clients' figure (bench/scheduler_bench.py
 handoff_latency()).
+
+Back to back, every process in the chain stays awake and its caches warm.
+--hold-us N makes each holder keep the token N us before it releases, as a
+tenant running work does (an inference request: ~4 ms): the relay, the
+scheduler and the next client have then gone to sleep when the handoff comes,
+and each wake-up costs what it costs in production.
 """
 
 from __future__ import annotations
@@ -54,15 +60,17 @@ def build(out_dir: Path) -> Path:
     return binary
 
 
-def _run_client(binary: Path, endpoints: list[str], handoffs: int, poll: bool) -> dict[str, float]:
-    cmd = [str(binary), *endpoints, str(handoffs), *(["--poll"] if poll else [])]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+def _run_client(binary: Path, endpoints: list[str], args: argparse.Namespace) -> dict[str, float]:
+    cmd = [str(binary), *endpoints, str(args.handoffs), *(["--poll"] if args.poll else []),
+           "--hold-us", str(args.hold_us)]
+    held_s = (args.handoffs + 200) * args.hold_us / 1e6  # warm-up included
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120 + 2 * held_s)
     if out.returncode != 0:
         raise RuntimeError(f"{binary.name} failed ({out.returncode}): {out.stderr.strip()}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def c_handoff(binary: Path, handoffs: int, poll: bool) -> dict[str, float]:
+def c_handoff(binary: Path, args: argparse.Namespace) -> dict[str, float]:
     """One daemon, two tenants, one run of the C program; its JSON result."""
     directory = Path(tempfile.mkdtemp(dir="/tmp", prefix="vh"))
     daemon = spawn_daemon(directory, "--window", "2s")
@@ -74,7 +82,7 @@ def c_handoff(binary: Path, handoffs: int, poll: bool) -> dict[str, float]:
             reply = admin.call("add", tenant=name, request=50, limit=100)
             assert reply["ok"], reply
             endpoints.append(str(reply["endpoint"]))
-        return _run_client(binary, endpoints, handoffs, poll)
+        return _run_client(binary, endpoints, args)
     finally:
         admin.close()
         daemon.kill()
@@ -82,7 +90,7 @@ def c_handoff(binary: Path, handoffs: int, poll: bool) -> dict[str, float]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def floor_handoff(binary: Path, handoffs: int, poll: bool) -> dict[str, float]:
+def floor_handoff(binary: Path, args: argparse.Namespace) -> dict[str, float]:
     """The same C program against bench/handoff_floor.py: a token relay with no policy."""
     directory = Path(tempfile.mkdtemp(dir="/tmp", prefix="vf"))
     sockets = [directory / "a.sock", directory / "b.sock"]
@@ -93,7 +101,7 @@ def floor_handoff(binary: Path, handoffs: int, poll: bool) -> dict[str, float]:
             if relay.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("bench/handoff_floor.py did not start")
             time.sleep(0.01)
-        return _run_client(binary, [f"ipc://{s}" for s in sockets], handoffs, poll)
+        return _run_client(binary, [f"ipc://{s}" for s in sockets], args)
     finally:
         relay.terminate()
         relay.wait(10)
@@ -112,8 +120,7 @@ def python_handoff(handoffs: int) -> dict[str, float]:
 
 def paired_runs(binary: Path, args: argparse.Namespace) -> list[tuple[dict[str, float], dict[str, float]]]:
     """(floor, scheduler) results, alternating, so that both see the same machine."""
-    return [(floor_handoff(binary, args.handoffs, args.poll), c_handoff(binary, args.handoffs, args.poll))
-            for _ in range(args.runs)]
+    return [(floor_handoff(binary, args), c_handoff(binary, args)) for _ in range(args.runs)]
 
 
 def main() -> int:
@@ -123,14 +130,23 @@ def main() -> int:
                         help="floor/scheduler pairs, each with fresh processes (default 5)")
     parser.add_argument("--poll", action="store_true",
                         help="C clients in one polling thread instead of a thread per client")
+    parser.add_argument("--hold-us", type=int, default=0, metavar="N",
+                        help="each holder keeps the token N us before it releases, so that the "
+                             "processes sleep between handoffs (default 0: back to back)")
     parser.add_argument("--no-python", action="store_true", help="skip the Python-client figure")
     args = parser.parse_args()
+    if args.handoffs <= 0 or args.runs <= 0:
+        parser.error("--handoffs and --runs must be positive")
+    if not 0 <= args.hold_us <= 1_000_000:
+        parser.error("--hold-us must be 0..1000000")
     build_dir = Path(tempfile.mkdtemp(dir="/tmp", prefix="vhb"))
     try:
         binary = build(build_dir)
         shape = "one polling thread" if args.poll else "a thread per client, as in libvcuda"
+        spacing = f"each held {args.hold_us} us" if args.hold_us else "back to back"
         print(f"## Token handoff, RELEASE(MORE) sent -> next GRANT received; C clients ({shape}), "
-              f"{args.handoffs} handoffs per run, 2 tenants 50/50 (goal p50 <= 50 us, p99 <= 200 us)")
+              f"{args.handoffs} handoffs per run, {spacing}, 2 tenants 50/50"
+              + ("" if args.hold_us else " (goal p50 <= 50 us, p99 <= 200 us)"))
         print("floor = the same clients through bench/handoff_floor.py (a relay with no policy): what "
               "any Python process in the middle costs here; runs alternate so both see the same machine")
         everywhere = os.sched_getaffinity(0)

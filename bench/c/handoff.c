@@ -6,11 +6,14 @@
  * same one if the scheduler re-grants it: counted as self_grants; other_p50_us
  * and other_p99_us cover only the handoffs to the other client).
  *
- *   handoff ENDPOINT_A ENDPOINT_B [HANDOFFS] [--poll]
+ *   handoff ENDPOINT_A ENDPOINT_B [HANDOFFS] [--poll] [--hold-us N]
  *
  * Default: one thread per client, each blocking in vcuda_zmtp_recv() like
  * libvcuda's wait_grant(). --poll: one thread poll()s both connections (the
- * shape of bench/scheduler_bench.py's Python clients). The first 200 handoffs
+ * shape of bench/scheduler_bench.py's Python clients). --hold-us N: each holder
+ * keeps the token N us before it releases, as a tenant that runs work does, so
+ * that every process in the chain has gone to sleep when the handoff comes
+ * (back to back, they stay warm). The first 200 handoffs
  * are warm-up and not counted. Prints one JSON object on stdout.
  *
  * cc -std=gnu11 -O2 -Wall -Wextra -Ilibvcuda/include -Ilibvcuda/src \
@@ -49,6 +52,7 @@ static int self_grants;    /* measured handoffs that went back to the releaser *
 static int last_releaser = -1;
 static _Atomic uint64_t t_release; /* ns, stamped just before RELEASE(MORE) */
 static atomic_bool stop;
+static uint64_t hold_ns;           /* how long a holder keeps the token (--hold-us) */
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -129,6 +133,11 @@ static bool on_grant(int me, uint64_t got) {
         return false;
     }
     last_releaser = me;
+    if (hold_ns) {
+        struct timespec ts = {.tv_sec = (time_t)(hold_ns / 1000000000ull), .tv_nsec = (long)(hold_ns % 1000000000ull)};
+        while (nanosleep(&ts, &ts) != 0) {
+        }
+    }
     atomic_store_explicit(&t_release, now_ns(), memory_order_release);
     send_msg(c, MSG_RELEASE, FLAG_MORE, c->lease, 1000);
     return true;
@@ -185,16 +194,19 @@ int main(int argc, char **argv) {
     const char *endpoints[2] = {NULL, NULL};
     int measured = 5000, positional = 0;
     bool poll_mode = false;
+    long hold_us = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--poll") == 0) poll_mode = true;
+        else if (strcmp(argv[i], "--hold-us") == 0 && i + 1 < argc) hold_us = atol(argv[++i]);
         else if (positional < 2) endpoints[positional++] = argv[i];
         else if (positional++ == 2) measured = atoi(argv[i]);
         else positional = 99;
     }
-    if (positional < 2 || positional > 3 || measured <= 0) {
-        fprintf(stderr, "usage: %s ENDPOINT_A ENDPOINT_B [HANDOFFS] [--poll]\n", argv[0]);
+    if (positional < 2 || positional > 3 || measured <= 0 || hold_us < 0 || hold_us > 1000000) {
+        fprintf(stderr, "usage: %s ENDPOINT_A ENDPOINT_B [HANDOFFS] [--poll] [--hold-us 0..1000000]\n", argv[0]);
         return 2;
     }
+    hold_ns = (uint64_t)hold_us * 1000ull;
     total = WARMUP + measured;
     samples = calloc((size_t)total, sizeof *samples);
     to_self = calloc((size_t)total, sizeof *to_self);

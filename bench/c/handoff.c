@@ -53,6 +53,7 @@ static int last_releaser = -1;
 static _Atomic uint64_t t_release; /* ns, stamped just before RELEASE(MORE) */
 static atomic_bool stop;
 static uint64_t hold_ns;           /* how long a holder keeps the token (--hold-us) */
+#define MAX_HOLD_US 40000          /* within the scheduler's largest quantum (50 ms): never reclaimed */
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -138,8 +139,10 @@ static bool on_grant(int me, uint64_t got) {
         while (nanosleep(&ts, &ts) != 0) {
         }
     }
-    atomic_store_explicit(&t_release, now_ns(), memory_order_release);
-    send_msg(c, MSG_RELEASE, FLAG_MORE, c->lease, 1000);
+    uint64_t now = now_ns();
+    atomic_store_explicit(&t_release, now, memory_order_release);
+    /* The real hold when there is one, so that the scheduler's quantum fits it. */
+    send_msg(c, MSG_RELEASE, FLAG_MORE, c->lease, hold_ns ? now - got : 1000);
     return true;
 }
 
@@ -195,15 +198,18 @@ int main(int argc, char **argv) {
     int measured = 5000, positional = 0;
     bool poll_mode = false;
     long hold_us = 0;
+    char *end = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--poll") == 0) poll_mode = true;
-        else if (strcmp(argv[i], "--hold-us") == 0 && i + 1 < argc) hold_us = atol(argv[++i]);
+        else if (strcmp(argv[i], "--hold-us") == 0) hold_us = i + 1 < argc ? strtol(argv[++i], &end, 10) : -1;
         else if (positional < 2) endpoints[positional++] = argv[i];
         else if (positional++ == 2) measured = atoi(argv[i]);
         else positional = 99;
     }
-    if (positional < 2 || positional > 3 || measured <= 0 || hold_us < 0 || hold_us > 1000000) {
-        fprintf(stderr, "usage: %s ENDPOINT_A ENDPOINT_B [HANDOFFS] [--poll] [--hold-us 0..1000000]\n", argv[0]);
+    if (positional < 2 || positional > 3 || measured <= 0 || hold_us < 0 || hold_us > MAX_HOLD_US ||
+        (end != NULL && *end != '\0')) {
+        fprintf(stderr, "usage: %s ENDPOINT_A ENDPOINT_B [HANDOFFS] [--poll] [--hold-us 0..%d]\n", argv[0],
+                MAX_HOLD_US);
         return 2;
     }
     hold_ns = (uint64_t)hold_us * 1000ull;

@@ -184,31 +184,28 @@ static void load_quota_file(void) {
     vcuda_config.on_scheduler_loss = q->on_loss_run ? VCUDA_LOSS_RUN : VCUDA_LOSS_BLOCK;
 }
 
-/* VCUDA_MEMORY_LIMIT_<i> and VCUDA_SCHEDULER_<i>: overrides for visible device i. */
+/* VCUDA_SCHEDULER_<i> and VCUDA_MEMORY_LIMIT_<i>: overrides for visible device i. */
 static void load_device_env(int i) {
-    char env_name[64];
-    snprintf(env_name, sizeof env_name, "VCUDA_SCHEDULER_%d", i);
-    const char *endpoint = getenv(env_name);
+    char sched_name[64], limit_name[64];
+    snprintf(sched_name, sizeof sched_name, "VCUDA_SCHEDULER_%d", i);
+    snprintf(limit_name, sizeof limit_name, "VCUDA_MEMORY_LIMIT_%d", i);
+    const char *endpoint = getenv(sched_name);
+    const char *value = getenv(limit_name);
     if (vcuda_config.from_file) {
-        if (endpoint) note_ignored(env_name);
-    } else {
-        if (endpoint == NULL || *endpoint == '\0') endpoint = vcuda_config.scheduler;
-        if (strlen(endpoint) >= sizeof vcuda_config.scheduler_dev[i]) config_fail("%s is too long (\"%s\")", env_name, endpoint);
-        else strcpy(vcuda_config.scheduler_dev[i], endpoint);
-    }
-    snprintf(env_name, sizeof env_name, "VCUDA_MEMORY_LIMIT_%d", i);
-    const char *value = getenv(env_name);
-    if (vcuda_config.from_file) {
-        if (value) note_ignored(env_name);
+        if (endpoint) note_ignored(sched_name);
+        if (value) note_ignored(limit_name);
         return;
     }
+    if (endpoint == NULL || *endpoint == '\0') endpoint = vcuda_config.scheduler;
+    if (strlen(endpoint) >= sizeof vcuda_config.scheduler_dev[i]) config_fail("%s is too long (\"%s\")", sched_name, endpoint);
+    else strcpy(vcuda_config.scheduler_dev[i], endpoint);
     if (value == NULL || *value == '\0') return;
     const char *why = NULL;
     uint64_t bytes = 0;
     if (vcuda_quantity_parse(value, &bytes, &why) != 0) {
         char detail[256];
         snprintf(detail, sizeof detail, "%s (\"%s\")", why, value);
-        config_fail("%s is invalid: %s; memory quotas cannot be enforced", env_name, detail);
+        config_fail("%s is invalid: %s; memory quotas cannot be enforced", limit_name, detail);
     } else {
         vcuda_config.memory_limit[i] = bytes;
     }

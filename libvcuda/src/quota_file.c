@@ -132,7 +132,8 @@ static int parse_line(struct parser *p, const char *s, size_t len) {
             return fail(p, "version %llu, this libvcuda reads %d", n, VCUDA_QUOTA_VERSION);
         return 0;
     case K_LEDGER:
-        if (vlen == 0 || v[0] != '/') return fail(p, "ledger=\"%.*s\" is not an absolute path", (int)vlen, v);
+        if (vlen == 0 || v[0] != '/' || memchr(v, ' ', vlen) || memchr(v, '\t', vlen))
+            return fail(p, "ledger=\"%.*s\" is not an absolute path without spaces", (int)vlen, v);
         if (!copy(q->ledger, sizeof q->ledger, v, vlen)) return fail(p, "ledger path too long");
         return 0;
     case K_CORE_REQUEST: return percent(p, "core_request", v, vlen, &q->core_request);
@@ -167,6 +168,7 @@ int vcuda_quota_file_parse(const char *text, size_t len, struct vcuda_quota_file
     while (s < end) {
         const char *nl = memchr(s, '\n', (size_t)(end - s));
         const char *eol = nl ? nl : end;
+        if (eol > s && eol[-1] == '\r') eol--; /* CRLF, as py_vcuda/quota_file.py reads it too */
         p.line++;
         if (parse_line(&p, s, (size_t)(eol - s)) != 0) return -1;
         s = nl ? nl + 1 : end;

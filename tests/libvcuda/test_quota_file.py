@@ -88,6 +88,25 @@ def test_the_last_line_needs_no_newline() -> None:
     assert parse_quota(GOOD.rstrip("\n")) == (True, GOOD)
 
 
+def test_crlf_line_ends_read_as_py_vcuda_reads_them() -> None:
+    assert parse_quota(GOOD.replace("\n", "\r\n")) == (True, GOOD)
+
+
+def test_what_the_node_agent_writes_is_what_libvcuda_reads() -> None:
+    """py_vcuda.quota_file renders the file the node agent mounts: libvcuda reads it the same."""
+    quota_file = pytest.importorskip("py_vcuda.quota_file")
+    q = quota_file.QuotaFile(ledger="/run/vcuda/ledger", core_request=25, core_limit=80, priority="high",
+                             gpus=(quota_file.GPUQuota(GPU0, LIMIT, "ipc:///run/vcuda/sched/t.sock"),
+                                   quota_file.GPUQuota(f"MIG-{GPU1[4:]}", None)),
+                             scheduler_timeout_ms=0, on_scheduler_loss="run")
+    ok, back = parse_quota(q.render())
+    assert ok, back
+    assert back == quota_text("/run/vcuda/ledger", [Gpu(GPU0, LIMIT, "ipc:///run/vcuda/sched/t.sock"),
+                                                   Gpu(f"MIG-{GPU1[4:]}", None)],
+                              core_request=25, core_limit=80, priority="high", timeout_ms=0, on_loss="run")
+    assert quota_file.parse(back) == q
+
+
 def _edit(old: str, new: str) -> str:
     assert old in GOOD
     return GOOD.replace(old, new, 1)
@@ -109,6 +128,7 @@ CORRUPT = [
     ("not key=value", _edit("priority=normal", "priority normal"), "is not key=value"),
     ("repeated scalar", _edit("core_limit=60", "core_limit=60\ncore_limit=70"), "core_limit given twice"),
     ("relative ledger", _edit("ledger=/run/vcuda/ledger", "ledger=run/ledger"), "not an absolute path"),
+    ("ledger with a space", _edit("ledger=/run/vcuda/ledger", "ledger=/run/my ledger"), "without spaces"),
     ("empty ledger", _edit("ledger=/run/vcuda/ledger", "ledger="), "not an absolute path"),
     ("no ledger", _edit("ledger=/run/vcuda/ledger\n", ""), "no ledger line"),
     ("core request 0", _edit("core_request=30", "core_request=0"), "from 1 to 100"),

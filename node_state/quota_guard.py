@@ -29,8 +29,7 @@ from typing import Protocol
 
 from kube_contract.events import PodRef
 from node_state.layout import ContainerRecord
-from node_state.options import GUARD_ACTIONS as ACTIONS
-from node_state.options import KILL, OVER_LIMIT_PASSES, REPORT
+from node_state.options import KILL, OVER_LIMIT_PASSES, REPORT, guard_action
 from py_vcuda.memory_reconciler import GPUProcess, Pass
 from py_vcuda.native import SHIM
 from py_vcuda.procfs import ProcError, ProcFS
@@ -68,13 +67,10 @@ class QuotaGuard:
 
     def __init__(self, records: Callable[[], Iterable[ContainerRecord]], procfs: ProcFS, *,
                  on_escape: str = KILL, on_over_limit: str = REPORT, events: EventSink | None = None) -> None:
-        for name, value in (("on_escape", on_escape), ("on_over_limit", on_over_limit)):
-            if value not in ACTIONS:
-                raise ValueError(f"{name} must be one of {', '.join(ACTIONS)}, not {value!r}")
         self.records = records
         self.procfs = procfs
-        self.on_escape = on_escape
-        self.on_over_limit = on_over_limit
+        self.on_escape = guard_action(on_escape)   # ValueError: neither kill nor report
+        self.on_over_limit = guard_action(on_over_limit)
         self.events = events
         self._lock = threading.Lock()
         self._escapes: Counter[tuple[Subject, str]] = Counter()

@@ -21,6 +21,7 @@ from device_plugin.labels import cuda_labels, write_feature_file
 from device_plugin.node_topology import NodePatch, NodePublisher, encode
 from device_plugin.pods import PodSource
 from device_plugin.reconcile import Reconciler
+from kube_contract.events import EventRecorder
 from kube_contract.names import Names
 from kube_contract.podresources import PodResourcesClient
 from node_state.containers import ContainerStore
@@ -29,6 +30,7 @@ from node_state.gpus import Health, Inventory
 from node_state.health import HealthFactory
 from node_state.layout import NodeLayout
 from node_state.metrics import start_exporter
+from node_state.quota_guard import QuotaGuard
 from node_state.schedulers import TokenScheduler
 from node_state.supervisor import Child, Supervisor
 from py_vcuda import native
@@ -44,7 +46,8 @@ WatchFactory = Callable[[Callable[[], None]], Any]   # on_event -> object with s
 class Agent:
     def __init__(self, config: PluginConfig, *, inventory: Inventory, pods: PodSource,
                  nvml: NVML | None = None, health_factory: HealthFactory | None = None,
-                 pod_watch: WatchFactory | None = None, patch_node: NodePatch | None = None) -> None:
+                 pod_watch: WatchFactory | None = None, patch_node: NodePatch | None = None,
+                 events: EventRecorder | None = None) -> None:
         self.config = config
         self.inventory = inventory
         self.pods = pods
@@ -66,9 +69,15 @@ class Agent:
         self.reconciler = Reconciler(self.store, self.schedulers, pods, names=self.names, node=config.node_name,
                                      in_use=in_use, grace_s=config.cleanup_grace_s, interval_s=config.resync_s)
         self.pod_watch = pod_watch(self.reconciler.wake) if pod_watch else None
-        # vGPU containers share GPUs: their ledgers must also hold what NVML sees and no hook charged.
+        # vGPU containers share GPUs: their ledgers must also hold what NVML sees and no hook charged,
+        # and a process that runs without the shim, or a container over its limit, is acted on.
+        self.events = events
+        procfs = ProcFS(config.host_proc)
+        self.quota_guard = QuotaGuard(self.store.records, procfs, on_escape=config.on_escape,
+                                      on_over_limit=config.on_over_limit, events=events)
         self.memory_reconciler = MemoryReconciler(
-            self.store.memory_accounts, nvml, procfs=ProcFS(config.host_proc), interval_s=config.memory_reconcile_s,
+            self.store.memory_accounts, nvml, procfs=procfs, interval_s=config.memory_reconcile_s,
+            on_pass=self.quota_guard,
         ) if nvml is not None and config.mode == "vgpu" else None
         # The extender places vgpu requests only: the other modes have nothing to tell it.
         metadata: dict[str, dict[str, str]] = {}
@@ -127,6 +136,8 @@ class Agent:
         self.reconciler.stop()
         if self.memory_reconciler is not None:
             self.memory_reconciler.stop()
+        if self.events is not None:
+            self.events.stop()
         if self.node_publisher is not None:
             self.node_publisher.stop()
         if self._stop_exporter is not None:
@@ -151,4 +162,5 @@ class Agent:
         self._stop_exporter = start_exporter(
             port=self.config.metrics_port, layout=self.layout, mode=self.config.mode, node=self.config.node_name,
             pod_resources_socket=self.config.pod_resources_socket, nvml=self.nvml,
-            memory_reconciler=self.memory_reconciler)
+            memory_reconciler=self.memory_reconciler,
+            quota_guard=self.quota_guard if self.memory_reconciler is not None else None)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the agent's modules load grpc and NVML: only `run` needs th
     from device_plugin.agent import Agent, WatchFactory
     from device_plugin.node_topology import NodePatch
     from device_plugin.pods import PodSource
+    from kube_contract.events import EventRecorder
     from node_state.health import HealthFactory
     from py_vcuda.nvml import NVML
 
@@ -35,6 +36,7 @@ class Cluster:
     pods: PodSource
     watch: WatchFactory | None = None
     patch_node: NodePatch | None = None
+    events: EventRecorder | None = None   # None: what would be an Event is only logged
 
 
 class NoAPIServer(StartError):
@@ -49,6 +51,7 @@ def cluster(kubeconfig: str | None, node: str, *, require: bool = False) -> Clus
     """
     from device_plugin.node_topology import KubeNode
     from device_plugin.pods import KubePods, NoPods, PodWatch
+    from kube_contract.events import EventRecorder
 
     try:
         from kubernetes import client
@@ -64,7 +67,8 @@ def cluster(kubeconfig: str | None, node: str, *, require: bool = False) -> Clus
                 "requests NOT enforced") from None
         log.warning("no API server (%s): pods are not identified; fine on single-GPU nodes only", exc)
         return Cluster(NoPods(str(exc)))
-    return Cluster(KubePods(api), lambda on_event: PodWatch(api, node, on_event), KubeNode(api, node).patch)
+    return Cluster(KubePods(api), lambda on_event: PodWatch(api, node, on_event), KubeNode(api, node).patch,
+                   EventRecorder(api, component="vcuda-device-plugin", host=node))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
         api = cluster(cfg.kubeconfig, cfg.node_name, require=cfg.mode == "vgpu" and not cfg.without_api_server)
         return Agent(cfg, inventory=Inventory.from_nvml(nvml), pods=api.pods, nvml=nvml, health_factory=health,
-                     pod_watch=api.watch, patch_node=api.patch_node)
+                     pod_watch=api.watch, patch_node=api.patch_node, events=api.events)
 
     from node_state.daemon import serve
 

@@ -30,6 +30,8 @@ Environment variables (all optional):
 ``VCUDA_PLUGIN_LOG_LEVEL``         debug, info, warning, error
 ``VCUDA_PLUGIN_MEMORY_RECONCILE_S`` seconds between memory reconciler passes (0.5, at most 1)
 ``VCUDA_PLUGIN_HOST_PROC``         the host's /proc (/proc: the agent runs with hostPID)
+``VCUDA_PLUGIN_ON_ESCAPE``         kill or report a shared-GPU process without libvcuda (kill)
+``VCUDA_PLUGIN_ON_OVER_LIMIT``     report or kill a container over its memory limit (report)
 =================================  ===========================================
 """
 
@@ -44,6 +46,9 @@ from typing import Any
 
 from node_state.layout import MODES
 from node_state.options import (
+    GUARD_OPTIONS,
+    KILL,
+    REPORT,
     ConfigError,
     Option,
     OptionTable,
@@ -101,6 +106,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("memory_reconcile_s", 0.5, reconcile_interval,
            "seconds between memory reconciler passes (NVML per-process use vs ledgers), at most 1"),
     Option("host_proc", Path("/proc"), Path, "the host's /proc, to map NVML's host pids to containers"),
+    *GUARD_OPTIONS,
 )
 
 
@@ -125,6 +131,8 @@ class PluginConfig:
     log_level: str
     memory_reconcile_s: float = 0.5
     host_proc: Path = Path("/proc")
+    on_escape: str = KILL
+    on_over_limit: str = REPORT
 
 
 TABLE = OptionTable(OPTIONS, ENV_PREFIX, {"node_name": "NODE_NAME"})

@@ -23,12 +23,14 @@ from dra_driver.checkpoint import Checkpoint
 from dra_driver.config import DriverConfig
 from dra_driver.driver import MODE, ClaimSource, Driver
 from dra_driver.plugin import KubeletPlugin
+from kube_contract.events import EventRecorder
 from node_state.containers import ContainerStore
 from node_state.daemon import StartError
 from node_state.gpus import Health, Inventory
 from node_state.health import HealthFactory
 from node_state.layout import NodeLayout
 from node_state.metrics import start_exporter
+from node_state.quota_guard import QuotaGuard
 from node_state.schedulers import TokenScheduler
 from node_state.supervisor import Supervisor
 from py_vcuda import native
@@ -48,7 +50,7 @@ class ClusterAPI(ClaimSource, slices.SliceAPI, Protocol):
 class DriverAgent:
     def __init__(self, config: DriverConfig, *, inventory: Inventory, api: ClusterAPI, nvml: NVML | None = None,
                  health_factory: HealthFactory | None = None,
-                 versions: slices.DriverVersions | None = None) -> None:
+                 versions: slices.DriverVersions | None = None, events: EventRecorder | None = None) -> None:
         if not inventory.gpus:
             raise StartError("no GPUs found on this node; nothing to offer")
         host_lib = config.host_lib_dir / native.SHIM
@@ -74,9 +76,15 @@ class DriverAgent:
             resync_s=config.resync_s)
         self.health.subscribe(self.publisher.changed)
         self.health_monitor = health_factory(inventory, self.health.set) if health_factory else None
-        # Claims share GPUs: their ledgers must also hold what NVML sees and no hook charged.
+        # Claims share GPUs: their ledgers must also hold what NVML sees and no hook charged, and a
+        # process that runs without the shim, or a claim over its limit, is acted on.
+        self.events = events
+        procfs = ProcFS(config.host_proc)
+        self.quota_guard = QuotaGuard(self.store.records, procfs, on_escape=config.on_escape,
+                                      on_over_limit=config.on_over_limit, events=events)
         self.memory_reconciler = MemoryReconciler(
-            self.store.memory_accounts, nvml, procfs=ProcFS(config.host_proc), interval_s=config.memory_reconcile_s,
+            self.store.memory_accounts, nvml, procfs=procfs, interval_s=config.memory_reconcile_s,
+            on_pass=self.quota_guard,
         ) if nvml is not None else None
         self._stop_exporter: Callable[[], None] | None = None
 
@@ -93,7 +101,8 @@ class DriverAgent:
         if self.config.metrics_port:
             self._stop_exporter = start_exporter(port=self.config.metrics_port, layout=self.layout, mode=MODE,
                                                  node=self.config.node_name, pod_resources_socket=None, nvml=self.nvml,
-                                                 memory_reconciler=self.memory_reconciler)
+                                                 memory_reconciler=self.memory_reconciler,
+                                                 quota_guard=self.quota_guard if self.memory_reconciler else None)
         log.info("DRA driver running on node %s with %d GPU(s)", self.config.node_name, len(self.inventory.gpus))
 
     def stop(self) -> None:
@@ -101,6 +110,8 @@ class DriverAgent:
             self._stop_exporter()
         if self.memory_reconciler is not None:
             self.memory_reconciler.stop()
+        if self.events is not None:
+            self.events.stop()
         self.publisher.stop()
         if self.health_monitor is not None:
             self.health_monitor.stop()

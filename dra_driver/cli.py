@@ -35,21 +35,26 @@ def run(args: argparse.Namespace) -> int:
 
     def build(nvml: NVML, health: HealthFactory | None) -> DriverAgent:
         # grpc and the kubernetes client load here, not for `vcuda --help`.
+        from kubernetes import client
+
         from dra_driver.agent import DriverAgent
         from dra_driver.kube import KubeAPI
         from dra_driver.slices import DriverVersions
         from kube_contract.apiclient import make_api_client
+        from kube_contract.events import EventRecorder
         from node_state.daemon import StartError
         from node_state.gpus import Inventory
 
         try:
-            api = KubeAPI(make_api_client(cfg.kubeconfig))
+            api_client = make_api_client(cfg.kubeconfig)
+            api = KubeAPI(api_client)
+            events = EventRecorder(client.CoreV1Api(api_client), component="vcuda-dra-driver", host=cfg.node_name)
         except Exception as exc:   # the kubernetes client raises several unrelated types here
             raise StartError(f"no API server configuration ({exc}); a DRA driver reads every claim from the API "
                              "server: run it in-cluster or pass --kubeconfig") from None
         versions = DriverVersions(driver=_optional(nvml.driver_version), cuda=_optional(nvml.cuda_driver_version))
         return DriverAgent(cfg, inventory=Inventory.from_nvml(nvml), api=api, nvml=nvml, health_factory=health,
-                           versions=versions)
+                           versions=versions, events=events)
 
     return serve("vcuda dra-driver", "dra_driver", cfg.log_level, cfg.ignored_xids, build)
 

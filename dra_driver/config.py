@@ -16,6 +16,8 @@ Environment variables (all optional):
 ``VCUDA_DRA_RESYNC_S``             seconds between checks of the node's ResourceSlice (60)
 ``VCUDA_DRA_MEMORY_RECONCILE_S``   seconds between memory reconciler passes (0.5, at most 1)
 ``VCUDA_DRA_HOST_PROC``            the host's /proc (NVML's host pids to containers)
+``VCUDA_DRA_ON_ESCAPE``            kill or report a shared-GPU process without libvcuda (kill)
+``VCUDA_DRA_ON_OVER_LIMIT``        report or kill a container over its memory limit (report)
 ``VCUDA_DRA_LOG_LEVEL``            debug, info, warning, error
 =================================  ===========================================
 """
@@ -30,6 +32,9 @@ from pathlib import Path
 
 from dra_driver.names import DEFAULT_CDI_DIR, DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
 from node_state.options import (
+    GUARD_OPTIONS,
+    KILL,
+    REPORT,
     ConfigError,
     Option,
     OptionTable,
@@ -59,6 +64,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("memory_reconcile_s", 0.5, reconcile_interval,
            "seconds between memory reconciler passes (NVML per-process use vs ledgers), at most 1"),
     Option("host_proc", Path("/proc"), Path, "the host's /proc, to map NVML's host pids to containers"),
+    *GUARD_OPTIONS,
     Option("log_level", "info", log_level, "debug, info, warning or error"),
 )
 TABLE = OptionTable(OPTIONS, ENV_PREFIX, {"node_name": "NODE_NAME"})
@@ -79,6 +85,8 @@ class DriverConfig:
     memory_reconcile_s: float
     host_proc: Path
     log_level: str
+    on_escape: str = KILL
+    on_over_limit: str = REPORT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,6 +15,8 @@ the DRA driver (dra_driver.kube):
   ``application/merge-patch+json`` and merges metadata annotations and labels (null
   deletes), after a ``metadata.uid`` precondition when the patch carries one.
 - POST /api/v1/namespaces/NS/pods/NAME/binding sets ``spec.nodeName`` once.
+- POST /api/v1/namespaces/NS/events creates an Event (kept in ``objects["events"]``, key
+  ``NS/NAME``; 409 when the name is taken).
 - resource.k8s.io/v1: GET /apis/resource.k8s.io/v1/namespaces/NS/resourceclaims/NAME;
   /apis/resource.k8s.io/v1/resourceslices: GET (list, ``fieldSelector``), POST (create: 409
   when the name is taken), and per NAME GET, PUT (replace: 409 unless ``metadata.resourceVersion``
@@ -202,7 +204,8 @@ class FakeApiServer:
             self.lock.notify_all()
 
 
-KINDS = {"nodes": "Node", "pods": "Pod", "resourceclaims": "ResourceClaim", "resourceslices": "ResourceSlice"}
+KINDS = {"nodes": "Node", "pods": "Pod", "resourceclaims": "ResourceClaim", "resourceslices": "ResourceSlice",
+         "events": "Event"}
 CLUSTER_SCOPED = ("nodes", "resourceslices")
 RESOURCE_API = "resource.k8s.io/v1"
 
@@ -226,6 +229,8 @@ def _route(path: str) -> tuple[str, str | None, str | None] | None:
             return "nodes", name, None
         case ["api", "v1", "namespaces", namespace, "pods", name]:
             return "pods", f"{namespace}/{name}", None
+        case ["api", "v1", "namespaces", _, "events"]:
+            return "events", None, None
         case ["api", "v1", "namespaces", namespace, "pods", name, sub]:
             return "pods", f"{namespace}/{name}", sub
     return None
@@ -316,6 +321,10 @@ class _Handler(BaseHTTPRequestHandler):
                 response = self._bind(key, body or {})
             case _, "POST", ("resourceslices" as kind, None, None):
                 response = self._create(kind, body or {})
+            case _, "POST", ("events" as kind, None, None):
+                body = body or {}
+                body.setdefault("metadata", {})["namespace"] = url.path.strip("/").split("/")[3]
+                response = self._create(kind, body)
             case _, "PUT", ("resourceslices" as kind, str(key), None):
                 response = self._replace(kind, key, body or {})
             case _, "DELETE", ("resourceslices" as kind, str(key), None):

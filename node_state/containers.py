@@ -22,6 +22,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+from kube_contract.names import CORES_PER_GPU
 from node_state.layout import LEDGER_FILE, RECORD_FILE, ContainerRecord, LayoutError, NodeLayout
 from py_vcuda.ledger import Ledger
 from py_vcuda.memory_reconciler import Account
@@ -34,6 +35,18 @@ CONTAINER_SCHED_DIR = CONTAINER_DIR / "sched"
 CONTAINER_SCHEDULER = f"ipc://{CONTAINER_SCHED_DIR}/sched.sock"
 CONTAINER_LIB = Path("/usr/local/vcuda/lib/libvcuda.so")
 PRELOAD_FILE = "ld.so.preload"
+
+
+def shim_required(record: ContainerRecord) -> bool:
+    """Whether every GPU process of the container must run under libvcuda (else it escapes its quota).
+
+    A share of a GPU (fewer than 100 cores) does: its neighbours are protected by its quota only.
+    A whole card has no neighbour to protect. A device-plugin container whose preload was turned
+    off (record extra ``preload`` "0") runs without it on purpose; a DRA share with ``preload: false``
+    (extra ``driver``) still needs it: the container preloads libvcuda itself.
+    """
+    opted_out = record.extra.get("preload") == "0" and "driver" not in record.extra
+    return record.mode == "vgpu" and record.core_request < CORES_PER_GPU and not opted_out
 
 
 def new_key() -> str:
@@ -96,7 +109,8 @@ class ContainerStore:
     def memory_accounts(self) -> list[Account]:
         """Every shared-GPU (vgpu-mode) container's ledger, for the memory reconciler: containers
         that share GPUs must also be charged what NVML sees them hold and no hook did."""
-        return [Account(key=r.key, ledger=self.layout.ledger_path(r.key), gpus=r.gpus, pod_uid=r.pod_uid)
+        return [Account(key=r.key, ledger=self.layout.ledger_path(r.key), gpus=r.gpus, pod_uid=r.pod_uid,
+                        shim=shim_required(r))
                 for r in self.records() if r.mode == "vgpu"]
 
     def newest(self, device_ids: Sequence[str]) -> ContainerRecord | None:

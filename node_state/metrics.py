@@ -22,6 +22,7 @@ from kube_contract.podresources import PodResourcesClient
 from node_state import metrics_text
 from node_state.layout import NodeLayout
 from node_state.metrics_snapshot import ContainerGPU, NodeReader, NodeSnapshot, allocated, gpu_modes
+from node_state.quota_guard import QuotaGuard, Subject
 from py_vcuda.memory_reconciler import MemoryReconciler
 from py_vcuda.nvml import NVML
 
@@ -179,12 +180,39 @@ def reconciler_metrics(node: str, reconciler: MemoryReconciler) -> list[Metric]:
     return [unmapped, duration]
 
 
+def guard_metrics(snap: NodeSnapshot, guard: QuotaGuard) -> list[Metric]:
+    """Quota escapes and containers over their limit (node_state.quota_guard), by container and action.
+
+    Labelled as the container's other series: names from this scrape's snapshot where it has the
+    container (pod-resources names what a record lacks), else as the guard saw the record."""
+    index = {g.uuid: g.index for g in snap.gpus}
+    named = {(c.key, c.uuid): c for c in snap.containers}
+    labels = [*CONTAINER_LABELS, "action"]
+    escapes = CounterMetricFamily("vcuda_quota_escapes", "GPU processes of shared-GPU containers found running "
+                                  "without libvcuda, by what was done (killed, reported, kill-failed)", labels=labels)
+    over = CounterMetricFamily("vcuda_quota_over_limit", "Times a container's processes held more device memory "
+                               "than its limit (NVML) for several memory reconciler passes running", labels=labels)
+
+    def row(subject: Subject, action: str) -> list[str]:
+        c = named.get((subject.key, subject.uuid))
+        names = (c.mode, c.namespace, c.pod, c.container) if c is not None else \
+            (subject.mode, subject.namespace, subject.pod, subject.container)
+        return [snap.node, _gpu_label(index.get(subject.uuid)), subject.uuid, *names, subject.key, action]
+
+    for family, counts in ((escapes, guard.escape_counts()), (over, guard.over_limit_counts())):
+        for (subject, action), n in sorted(counts.items(), key=lambda kv: (kv[0][0].key, kv[0][0].uuid, kv[0][1])):
+            family.add_metric(row(subject, action), n)
+    return [escapes, over]
+
+
 class NodeCollector(Collector):
     """Reads a fresh snapshot on each scrape; scrapes are serialised (the reader keeps sockets)."""
 
-    def __init__(self, reader: NodeReader, memory_reconciler: MemoryReconciler | None = None) -> None:
+    def __init__(self, reader: NodeReader, memory_reconciler: MemoryReconciler | None = None,
+                 quota_guard: QuotaGuard | None = None) -> None:
         self.reader = reader
         self.memory_reconciler = memory_reconciler
+        self.quota_guard = quota_guard
         self._lock = threading.Lock()
         self._last_scrape_s: float | None = None
 
@@ -195,6 +223,8 @@ class NodeCollector(Collector):
             metrics = snapshot_metrics(snap, self._last_scrape_s)
             if self.memory_reconciler is not None:
                 metrics += reconciler_metrics(snap.node, self.memory_reconciler)
+            if self.quota_guard is not None:
+                metrics += guard_metrics(snap, self.quota_guard)
             self._last_scrape_s = time.perf_counter() - start
         return metrics
 
@@ -204,7 +234,8 @@ class NodeCollector(Collector):
 
 def start_exporter(*, port: int, addr: str = "", layout: NodeLayout, mode: str, node: str,
                    pod_resources_socket: Path | None, nvml: NVML | None,
-                   memory_reconciler: MemoryReconciler | None = None) -> Callable[[], None]:
+                   memory_reconciler: MemoryReconciler | None = None,
+                   quota_guard: QuotaGuard | None = None) -> Callable[[], None]:
     """Serve `/metrics` on addr:port (port 0: any free port) until the returned function is called.
 
     The bound port is on the returned function as `.port`.
@@ -212,7 +243,7 @@ def start_exporter(*, port: int, addr: str = "", layout: NodeLayout, mode: str, 
     pod_resources = PodResourcesClient(pod_resources_socket) if pod_resources_socket else None
     reader = NodeReader(layout, mode=mode, node=node, nvml=nvml, pod_resources=pod_resources)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(reader, memory_reconciler))
+    registry.register(NodeCollector(reader, memory_reconciler, quota_guard))
     server, thread = metrics_text.serve(addr or "0.0.0.0", port, lambda: metrics_text.render(registry.collect()))
 
     def stop() -> None:

@@ -69,6 +69,18 @@ def positive_number(text: str) -> float:
     return value
 
 
+KILL, REPORT = "kill", "report"
+GUARD_ACTIONS = (KILL, REPORT)   # node_state.quota_guard: what is done to an escape or a container over its limit
+# Memory reconciler passes running a container may hold more than its limit before it is acted on.
+OVER_LIMIT_PASSES = 3
+
+
+def guard_action(text: str) -> str:
+    if text not in GUARD_ACTIONS:
+        raise ValueError(f"must be one of {', '.join(GUARD_ACTIONS)}")
+    return text
+
+
 @dataclass(frozen=True)
 class Option:
     name: str
@@ -76,6 +88,19 @@ class Option:
     parse: Callable[[str], Any]
     help: str
     flag_type: type = str
+
+
+# Both daemons run the memory reconciler on shared GPUs, and so the quota guard (node_state.quota_guard).
+GUARD_OPTIONS: tuple[Option, ...] = (
+    Option("on_escape", KILL, guard_action,
+           "a GPU process of a container holding a share of a GPU that runs without libvcuda (a quota escape): "
+           "kill (SIGKILL it) or report (leave it running); both log it, record a GPUQuotaEscape Event on its "
+           "pod and count it in vcuda_quota_escapes_total"),
+    Option("on_over_limit", REPORT, guard_action,
+           f"a container whose GPU processes hold more than its memory limit (NVML) for {OVER_LIMIT_PASSES} "
+           "memory reconciler passes running: report (log, GPUQuotaOverLimit Event, "
+           "vcuda_quota_over_limit_total) or kill (also SIGKILL its processes on that GPU)"),
+)
 
 
 @dataclass(frozen=True)

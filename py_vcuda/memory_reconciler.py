@@ -28,6 +28,16 @@ accounts on the GPU - is logged once and counted by (container, reason)
 on a GPU that no NVML process mapped to in two passes running (its pid
 namespace unreadable from here, e.g. a kernel without ``NSpid``).
 
+An account may require the shim (``Account.shim``: a container's share of
+a GPU). Each of its GPU processes is then checked once for libvcuda in its
+``/proc/<host pid>/maps``; one without it escapes the quota (a static
+binary, a process started around the preload). The reconciler only finds
+them: every pass ends with a ``Pass`` (every mapped GPU process, whether it
+has the shim, each ledger's use against its limit) handed to ``on_pass``,
+whose owner decides what to do (node_state.quota_guard). A process whose
+maps cannot be read is reported (reason ``unverified``), never taken for an
+escape: without its maps nothing says it lacks the shim.
+
 Within a pass the ledger slots are read first, NVML next, the ledger totals
 last: an allocation in flight (charged before the driver call, freed after
 it) over-charges for one pass instead of under-charging.
@@ -46,8 +56,9 @@ from pathlib import Path
 from typing import Protocol
 
 from py_vcuda.ledger import Ledger, LedgerError, ProcessUsage
+from py_vcuda.native import SHIM
 from py_vcuda.nvml import ProcessMemory
-from py_vcuda.procfs import ProcError, ProcFS
+from py_vcuda.procfs import ProcError, ProcFS, ProcIdentity
 
 log = logging.getLogger("vcuda.reconciler")
 
@@ -70,6 +81,7 @@ class Account:
     gpus: tuple[str, ...] = ()    # GPU UUIDs it may use; (): every device its ledger names
     pod_uid: str = ""             # Kubernetes: its processes' cgroup paths name this pod
     root_pid: int | None = None   # bare metal: host pid of its process tree's root
+    shim: bool = False            # every GPU process of it must have libvcuda mapped (a share of a GPU)
 
     def on(self, uuid: str) -> bool:
         return not self.gpus or uuid in self.gpus
@@ -85,12 +97,42 @@ class Finding:
     physical: int           # what NVML says their processes hold
     charged: int            # what the hooks charged (the ledger's used, less the unattributed part)
     unattributed: int       # written to the ledger: max(0, physical - charged)
+    limit: int | None = None  # the ledger's limit on this GPU; None: unlimited
+
+
+@dataclass(frozen=True)
+class GPUProcess:
+    """A GPU process mapped to a ledger in one pass."""
+
+    host_pid: int
+    ns_pid: int             # the pid it sees itself (in its container)
+    start_time: int         # with host_pid, names the process across passes (pids are reused)
+    comm: str
+    uuid: str
+    used: int               # what NVML says it holds on this GPU
+    keys: tuple[str, ...]   # the accounts of its ledger
+    ledger: Path
+    shim: bool | None       # libvcuda mapped; None: not checked, or its maps unreadable
+
+    @property
+    def escaped(self) -> bool:
+        """Runs without the shim although an account of its ledger requires it on this GPU."""
+        return self.shim is False
+
+
+@dataclass(frozen=True)
+class Pass:
+    """What one pass found, for `on_pass`."""
+
+    number: int                         # passes so far, this one included
+    findings: tuple[Finding, ...]
+    processes: tuple[GPUProcess, ...]
 
 
 @dataclass(frozen=True)
 class _Unmapped:
     container: str          # the account key(s), "" when none can be named
-    reason: str             # short code: exited, unreadable, ambiguous-slot, ambiguous-pod, slot-not-seen
+    reason: str             # short code: exited, unreadable, ambiguous-slot, ambiguous-pod, slot-not-seen, unverified
     detail: str
 
 
@@ -113,13 +155,15 @@ class MemoryReconciler:
     """Reconciles `accounts()` every `interval_s` on a thread (`start`/`stop`), or once per `reconcile()`."""
 
     def __init__(self, accounts: Callable[[], Iterable[Account]], nvml: ProcessSource, *,
-                 procfs: ProcFS | None = None, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+                 procfs: ProcFS | None = None, interval_s: float = DEFAULT_INTERVAL_S,
+                 on_pass: Callable[[Pass], None] | None = None) -> None:
         if not 0 < interval_s <= 1.0:
             raise ValueError(f"reconcile interval must be in (0, 1] s, not {interval_s}")
         self.accounts = accounts
         self.nvml = nvml
         self.procfs = procfs or ProcFS()
         self.interval_s = interval_s
+        self.on_pass = on_pass
         self.passes = 0
         self.last_pass_s = 0.0
         self._ledgers: dict[Path, tuple[int, Ledger]] = {}
@@ -128,6 +172,7 @@ class MemoryReconciler:
         self._reported: set[tuple[int, str]] = set()   # (host pid, reason) logged and counted
         self._misses: dict[tuple[Path, int, int, str], int] = {}
         self._silent_gpus: set[str] = set()
+        self._shims: dict[tuple[int, int], bool | None] = {}   # (host pid, start time) -> libvcuda mapped
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -178,6 +223,7 @@ class MemoryReconciler:
             seen_slots: set[tuple[Path, int, int, str]] = set()
             answered: list[str] = []
             present: set[int] = set()
+            mapped: list[GPUProcess] = []
             for uuid in uuids:
                 procs = self._processes(uuid)
                 if procs is None:
@@ -185,14 +231,22 @@ class MemoryReconciler:
                 answered.append(uuid)
                 for proc in procs:
                     present.add(proc.pid)
-                    book = self._map(proc, uuid, books, slot_owner, seen_slots)
-                    if book is not None and proc.used:
+                    book, ident = self._map(proc, uuid, books, slot_owner, seen_slots)
+                    if book is None or ident is None:
+                        continue
+                    if proc.used:
                         physical[(book.path, uuid)] += proc.used
+                    mapped.append(GPUProcess(proc.pid, ident.ns_pid, ident.start_time, ident.comm, uuid,
+                                             proc.used or 0, tuple(a.key for a in book.accounts), book.path,
+                                             self._shim(book, uuid, ident)))
             self._check_slots(books, answered, seen_slots)
             self._reported = {r for r in self._reported if r[0] in present or r[0] < 0}
+            self._shims = {k: v for k, v in self._shims.items() if k[0] in present}
             findings = [f for book in books for f in self._true_up(book, answered, physical)]
             self.passes += 1
             self.last_pass_s = time.perf_counter() - start
+            if self.on_pass is not None:
+                self.on_pass(Pass(self.passes, tuple(findings), tuple(mapped)))
             return findings
 
     def _books(self, accounts: list[Account]) -> list[_Book]:
@@ -239,34 +293,51 @@ class MemoryReconciler:
         self._silent_gpus.discard(uuid)
         return procs
 
+    def _shim(self, book: _Book, uuid: str, ident: ProcIdentity) -> bool | None:
+        """Whether the process has libvcuda mapped, where an account on this GPU requires it; read once
+        per process (a preloaded library is never unloaded)."""
+        if not any(a.shim and a.on(uuid) for a in book.accounts):
+            return None
+        key = (ident.host_pid, ident.start_time)
+        if key not in self._shims:
+            try:
+                self._shims[key] = self.procfs.maps_library(ident.host_pid, SHIM)
+            except ProcError as exc:
+                self._shims[key] = None
+                self._report(ident.host_pid, _Unmapped(book.name, "unverified", (
+                    f"{exc}: whether host pid {ident.host_pid} ({ident.comm}) runs under {SHIM} is unknown, "
+                    "so it is not treated as a quota escape")))
+        return self._shims[key]
+
     def _map(self, proc: ProcessMemory, uuid: str, books: list[_Book],
              slot_owner: dict[tuple[int, int], list[_Book]],
-             seen_slots: set[tuple[Path, int, int, str]]) -> _Book | None:
-        """The book the host pid's memory belongs to; None: not ours, or unmappable (then reported)."""
+             seen_slots: set[tuple[Path, int, int, str]]) -> tuple[_Book | None, ProcIdentity | None]:
+        """The book the host pid's memory belongs to, and its identity; no book: not ours, or unmappable
+        (then reported)."""
         try:
             ident = self.procfs.identity(proc.pid)
         except ProcError as exc:
             self._report(proc.pid, _Unmapped("", exc.reason, str(exc)))
-            return None
+            return None, None
         owners = slot_owner.get((ident.ns_pid, ident.start_time), [])
         decided, book = self._only(owners, proc.pid, "ambiguous-slot", f"host pid {proc.pid} (pid "
                                    f"{ident.ns_pid}, started {ident.start_time}) has a slot in several ledgers")
         if decided:
             if book is not None:
                 seen_slots.add((book.path, ident.ns_pid, ident.start_time, uuid))
-            return book
+            return book, ident
         on_gpu = [b for b in books if any(a.on(uuid) for a in b.accounts)]
         pods = [b for b in on_gpu if any(a.pod_uid and _names_pod(ident.cgroup, a.pod_uid) for a in b.accounts)]
         decided, book = self._only(pods, proc.pid, "ambiguous-pod", f"host pid {proc.pid} runs without the "
                                    f"shim in a pod with several accounts on GPU {uuid}: cannot tell which")
         if decided:
-            return book
+            return book, ident
         roots = {a.root_pid: b for b in on_gpu for a in b.accounts if a.root_pid}
         if roots:
             for pid in (proc.pid, *self.procfs.ancestors(proc.pid)):
                 if pid in roots:
-                    return roots[pid]
-        return None
+                    return roots[pid], ident
+        return None, ident
 
     def _only(self, candidates: list[_Book], host_pid: int, reason: str, detail: str) -> tuple[bool, _Book | None]:
         """(whether the candidates decide, the book): one is the answer; several are reported, no book."""
@@ -280,6 +351,9 @@ class MemoryReconciler:
         self._reported.add((host_pid, what.reason))
         self._unmapped[(what.container, what.reason)] += 1
         who = f"container {what.container}" if what.container else "no container"
+        if what.reason == "unverified":
+            log.warning("memory reconciler cannot check a GPU process (%s): %s", who, what.detail)
+            return
         log.warning("memory reconciler cannot map a GPU process (%s, %s): %s; its memory is not in any "
                     "ledger", who, what.reason, what.detail)
 
@@ -324,7 +398,7 @@ class MemoryReconciler:
                 if device is None or abs(want - device.unattributed) >= 1 << 20:
                     log.info("ledger %s (%s), GPU %s: processes hold %d bytes, hooks charged %d: "
                              "%d unattributed", book.path, ",".join(keys), uuid, held, charged, want)
-            yield Finding(keys, book.path, uuid, held, charged, want)
+            yield Finding(keys, book.path, uuid, held, charged, want, device.limit if device is not None else None)
 
 
 def _names_pod(cgroup: str, pod_uid: str) -> bool:

@@ -6,6 +6,7 @@ kernel's NSpid does."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,11 +17,14 @@ from py_vcuda.memory_reconciler import Account
 class FakeProc:
     """A host /proc for processes that pretend to live in pid namespaces: entry
     <host pid> holds the real process's stat (so its start time), an NSpid line
-    naming both pids, and a cgroup file."""
+    naming both pids, a cgroup file and a copy of its maps (what it has loaded).
+    ``self`` names the test's own pid, as the /proc of its pid namespace would:
+    a process added with host pid = its real pid can be signalled through it."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
+        (root / "self").symlink_to(str(os.getpid()))
 
     def add(self, real_pid: int, host_pid: int, cgroup: str = "0::/\n", nspid: bool = True) -> None:
         entry = self.root / str(host_pid)
@@ -32,6 +36,7 @@ class FakeProc:
         status = f"Name:\tsim_tool\nPid:\t{host_pid}\n" + (f"NSpid:\t{pids}\n" if nspid else "")
         (entry / "status").write_text(status)
         (entry / "cgroup").write_text(cgroup)
+        (entry / "maps").write_text(Path(f"/proc/{real_pid}/maps").read_text())
 
 
 @dataclass
@@ -41,8 +46,8 @@ class Container:
     offset: int      # host pid = pid + offset
     pod_uid: str = ""
 
-    def account(self, uuid: str) -> Account:
-        return Account(key=self.key, ledger=self.ledger, gpus=(uuid,), pod_uid=self.pod_uid)
+    def account(self, uuid: str, shim: bool = False) -> Account:
+        return Account(key=self.key, ledger=self.ledger, gpus=(uuid,), pod_uid=self.pod_uid, shim=shim)
 
     def env(self, limit: int, shim: bool = True) -> dict[str, str]:
         env = {"VCUDA_SIM_HOST_PID_OFFSET": str(self.offset), "VCUDA_LEDGER": str(self.ledger),

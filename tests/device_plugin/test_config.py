@@ -27,6 +27,12 @@ def test_defaults():
     assert cfg.state_dir == Path("/var/lib/vcuda") and cfg.metrics_port == 9394
     assert (cfg.node_name, cfg.resource_domain, cfg.annotation_prefix) == ("n1", "tencent.com", "vcuda.io")
     assert cfg.features_file == Path("/etc/kubernetes/node-feature-discovery/features.d/vcuda")
+    assert (cfg.on_escape, cfg.on_over_limit) == ("kill", "report")
+
+
+def test_quota_guard_options_from_flags_and_env():
+    cfg = parse(["--mode", "vgpu", "--on-escape", "report"], {"VCUDA_PLUGIN_ON_OVER_LIMIT": "kill"})
+    assert (cfg.on_escape, cfg.on_over_limit) == ("report", "kill")
 
 
 @pytest.mark.parametrize("suffix,text", [
@@ -57,6 +63,7 @@ def test_precedence_flag_env_file(tmp_path, suffix, text):
     (["--mode", "vgpu"], {}, "mode: [unclosed\n", "is not valid YAML"),
     (["--mode", "vgpu"], {}, "- a\n- b\n", "must hold a mapping"),
     (["--mode", "vgpu"], {}, "log_level: loud\n", "log_level: 'loud': must be one of"),
+    (["--mode", "vgpu", "--on-escape", "ignore"], {}, None, "--on-escape: 'ignore': must be one of kill, report"),
 ])
 def test_bad_values_name_the_option(tmp_path, argv, env, file_text, message):
     if file_text is not None:

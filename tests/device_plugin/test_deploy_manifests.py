@@ -158,6 +158,8 @@ def test_privileged_only_for_mps(mode: str) -> None:
         assert not sc.get("privileged") and not pod_spec(ds).get("hostIPC")
         assert sc["allowPrivilegeEscalation"] is False
         assert sc["capabilities"]["drop"] == ["ALL"]
+        # vgpu: the quota guard reads GPU processes' maps and kills escapes (node_state.quota_guard)
+        assert sc["capabilities"].get("add", []) == (["KILL", "SYS_PTRACE"] if mode == "vgpu" else [])
     for init in pod_spec(ds).get("initContainers", []):
         assert not init.get("securityContext", {}).get("privileged")
 
@@ -214,9 +216,10 @@ API_RESOURCE = {"pod": "pods", "node": "nodes", "event": "events", "pod_binding"
 
 
 def agent_api_calls() -> set[tuple[str, str]]:
-    """(resource, RBAC verb) for every API call in device_plugin/, a list with watch=True also a watch."""
+    """(resource, RBAC verb) for every API call in device_plugin/ and the Events it records (kube_contract/events.py),
+    a list with watch=True also a watch."""
     used = set()
-    for path in sorted((REPO / "device_plugin").glob("*.py")):
+    for path in [*sorted((REPO / "device_plugin").glob("*.py")), REPO / "kube_contract" / "events.py"]:
         for verb, kind, args in API_CALL.findall(path.read_text()):
             resource = kind.replace("namespaced_", "").replace("_for_all_namespaces", "")
             resource = API_RESOURCE.get(resource, resource)

@@ -93,6 +93,7 @@ def test_same_privileges_pid_namespace_and_init_step_as_the_vgpu_device_plugin()
     sc = driver_container(ds)["securityContext"]
     assert not sc.get("privileged") and sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == \
         ["ALL"]
+    assert sc["capabilities"]["add"] == ["KILL", "SYS_PTRACE"]   # the quota guard, as the vgpu agent's
 
 
 def test_device_classes_select_the_driver() -> None:
@@ -148,11 +149,11 @@ def test_example_templates_ask_for_what_their_comments_say() -> None:
 
 # ---- RBAC -----------------------------------------------------------------------------------------
 
-# `api.<verb>_<kind>(...)`: the kubernetes client calls in dra_driver/.
+# `api.<verb>_<kind>(...)`: the kubernetes client calls in dra_driver/ and the Events it records.
 API_CALL = re.compile(r"(?<![\w.])api\.(list|read|patch|create|delete|replace)_(\w+?)\(([^()]*)", re.S)
 KINDS = {"namespaced_resource_claim": ("resource.k8s.io", "resourceclaims"),
          "resource_slice": ("resource.k8s.io", "resourceslices"),
-         "node": ("", "nodes"), "namespaced_pod": ("", "pods")}
+         "node": ("", "nodes"), "namespaced_pod": ("", "pods"), "namespaced_event": ("", "events")}
 VERBS = {"read": "get", "replace": "update"}
 
 
@@ -164,7 +165,7 @@ def granted() -> set[tuple[str, str, str]]:
 
 def driver_api_calls() -> set[tuple[str, str, str]]:
     used = set()
-    for path in sorted((REPO / "dra_driver").glob("*.py")):
+    for path in [*sorted((REPO / "dra_driver").glob("*.py")), REPO / "kube_contract" / "events.py"]:
         for verb, kind, args in API_CALL.findall(path.read_text()):
             group, resource = KINDS[kind]
             used.add((group, resource, VERBS.get(verb, verb)))

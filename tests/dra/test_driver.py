@@ -16,6 +16,7 @@ from dra_driver import testing as t
 from dra_driver.names import DRIVER, REGISTRATION_SOCKET, SUPPORTED_VERSIONS
 from node_state.layout import ContainerRecord
 from node_state.testing import gpu, inventory, wait_for
+from py_vcuda import quota_file
 from py_vcuda.sim import GiB, MiB
 
 NODE = t.NODE
@@ -137,6 +138,7 @@ def test_share_claim_gets_env_mounts_and_a_cdi_spec(agent_factory, kubelet, api)
                    "VCUDA_SCHEDULER": "ipc:///run/vcuda/sched/sched.sock"}
     layout = agent.layout
     assert mounts == {
+        "/run/vcuda-quota": (str(layout.quota_dir(record.key)), ["ro", "nosuid", "nodev", "bind"]),
         "/run/vcuda": (str(layout.shared_dir(record.key)), ["rw", "nosuid", "nodev", "bind"]),
         "/usr/local/vcuda/lib/libvcuda.so": (str(agent.config.host_lib_dir / "libvcuda.so"),
                                              ["ro", "nosuid", "nodev", "bind"]),
@@ -147,6 +149,10 @@ def test_share_claim_gets_env_mounts_and_a_cdi_spec(agent_factory, kubelet, api)
     }
     for host, _ in mounts.values():
         assert Path(host).exists(), host
+    # the same quota file as a vgpu container's, by container paths
+    assert quota_file.read(layout.quota_dir(record.key) / "quota.conf") == quota_file.QuotaFile(
+        ledger="/run/vcuda/ledger", core_request=30, core_limit=50, priority="high",
+        gpus=(quota_file.GPUQuota(UUID0, 8 * GiB, "ipc:///run/vcuda/sched/sched.sock"),))
     # the record: the same layout as a vgpu container, named after the claim's pod and its container
     assert (record.mode, record.resource, record.gpus) == ("vgpu", DRIVER, (UUID0,))
     assert (record.core_request, record.core_limit, record.memory_limit) == (30, 50, 8 * GiB)

@@ -30,6 +30,8 @@ Environment variables (all optional):
 ``VCUDA_PLUGIN_LOG_LEVEL``         debug, info, warning, error
 ``VCUDA_PLUGIN_MEMORY_RECONCILE_S`` seconds between memory reconciler passes (0.5, at most 1)
 ``VCUDA_PLUGIN_HOST_PROC``         the host's /proc (/proc: the agent runs with hostPID)
+``VCUDA_PLUGIN_DEVICE_LIST_STRATEGY`` envvar, volume-mounts, cdi-cri (a comma list; envvar)
+``VCUDA_PLUGIN_ALLOW_OPT_OUT_NAMESPACES`` namespaces whose pods may opt a GPU share out of libvcuda ("")
 =================================  ===========================================
 """
 
@@ -42,8 +44,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from device_plugin.device_list import DEFAULT, ENVVAR, strategy_list
 from node_state.layout import MODES
 from node_state.options import (
+    ALLOW_OPT_OUT_NAMESPACES,
     ConfigError,
     Option,
     OptionTable,
@@ -101,6 +105,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("memory_reconcile_s", 0.5, reconcile_interval,
            "seconds between memory reconciler passes (NVML per-process use vs ledgers), at most 1"),
     Option("host_proc", Path("/proc"), Path, "the host's /proc, to map NVML's host pids to containers"),
+    Option("device_list_strategy", DEFAULT, strategy_list,
+           "how Allocate names the GPUs to the container runtime, as NVIDIA's device plugin: envvar "
+           "(NVIDIA_VISIBLE_DEVICES), volume-mounts (/var/run/nvidia-container-devices/<uuid>), cdi-cri "
+           "(CDI devices nvidia.com/gpu=<uuid>, Kubernetes >= 1.31); a comma list"),
+    ALLOW_OPT_OUT_NAMESPACES,
 )
 
 
@@ -125,6 +134,8 @@ class PluginConfig:
     log_level: str
     memory_reconcile_s: float = 0.5
     host_proc: Path = Path("/proc")
+    device_list_strategy: tuple[str, ...] = (ENVVAR,)
+    allow_opt_out_namespaces: frozenset[str] = frozenset()
 
 
 TABLE = OptionTable(OPTIONS, ENV_PREFIX, {"node_name": "NODE_NAME"})

@@ -17,6 +17,7 @@ Environment variables (all optional):
 ``VCUDA_DRA_MEMORY_RECONCILE_S``   seconds between memory reconciler passes (0.5, at most 1)
 ``VCUDA_DRA_HOST_PROC``            the host's /proc (NVML's host pids to containers)
 ``VCUDA_DRA_LOG_LEVEL``            debug, info, warning, error
+``VCUDA_DRA_ALLOW_OPT_OUT_NAMESPACES`` namespaces whose claims may opt a GPU share out of libvcuda ("")
 =================================  ===========================================
 """
 
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from dra_driver.names import DEFAULT_CDI_DIR, DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
 from node_state.options import (
+    ALLOW_OPT_OUT_NAMESPACES,
     ConfigError,
     Option,
     OptionTable,
@@ -60,6 +62,7 @@ OPTIONS: tuple[Option, ...] = (
            "seconds between memory reconciler passes (NVML per-process use vs ledgers), at most 1"),
     Option("host_proc", Path("/proc"), Path, "the host's /proc, to map NVML's host pids to containers"),
     Option("log_level", "info", log_level, "debug, info, warning or error"),
+    ALLOW_OPT_OUT_NAMESPACES,
 )
 TABLE = OptionTable(OPTIONS, ENV_PREFIX, {"node_name": "NODE_NAME"})
 
@@ -79,6 +82,7 @@ class DriverConfig:
     memory_reconcile_s: float
     host_proc: Path
     log_level: str
+    allow_opt_out_namespaces: frozenset[str] = frozenset()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -30,7 +30,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from dra_driver import cdi
 from dra_driver.checkpoint import PREPARED, UNPREPARING, Checkpoint, PreparedClaim, PreparedDevice, PreparedShare
 from dra_driver.claims import Claim, ClaimError, Result, Share, parse_claim, plan
-from dra_driver.names import DRIVER
+from dra_driver.names import CONFIG_KIND, DRIVER
 from dra_driver.slices import device_name
 from node_state import tenancy
 from node_state.containers import ContainerStore, new_key
@@ -81,7 +81,7 @@ class Prepared:
 class Driver:
     def __init__(self, *, node: str, inventory: Inventory, health: Health, store: ContainerStore,
                  schedulers: Mapping[str, TokenScheduler], host_lib: Path, specs: cdi.SpecDir,
-                 checkpoint: Checkpoint, api: ClaimSource) -> None:
+                 checkpoint: Checkpoint, api: ClaimSource, opt_out_namespaces: Collection[str] = frozenset()) -> None:
         self.node = node
         self.inventory = inventory
         self.health = health
@@ -91,6 +91,7 @@ class Driver:
         self.specs = specs
         self.checkpoint = checkpoint
         self.api = api
+        self.opt_out_namespaces = opt_out_namespaces   # whose shares may go without /etc/ld.so.preload
         self._by_device = {device_name(g.index): g for g in inventory.gpus}
         self._lock = threading.RLock()   # one claim at a time changes node state
 
@@ -130,6 +131,7 @@ class Driver:
         shares = plan(claim, self._gpu_of)
         if not shares:
             return Prepared()   # nothing of ours in it (another driver's devices)
+        self._check_opt_out(claim, shares)
         for share in shares:
             for uuid in share.gpus:
                 if not self.health.healthy(uuid):
@@ -141,6 +143,19 @@ class Driver:
             if done is not None and done.state == PREPARED:
                 return Prepared(done.devices)
             return self._set_up(claim, shares, pod, containers)
+
+    def _check_opt_out(self, claim: Claim, shares: list[Share]) -> None:
+        """A share of a GPU is held to its quota: `preload: false` there is the operator's to allow (by
+        namespace, --allow-opt-out-namespaces), not the claim's. Refused rather than ignored: the claim's
+        author asked for something else, and the kubelet's event tells them why. Whole GPUs may opt out."""
+        if claim.namespace in self.opt_out_namespaces:
+            return
+        for share in shares:
+            if share.fractional and not share.preload:
+                raise ClaimError(f"ResourceClaim {claim.ref}, request {share.request!r}: {CONFIG_KIND}.preload false "
+                                 f"would run a share of GPU {share.gpus[0]} without its quota; namespace "
+                                 f"{claim.namespace!r} is not one the driver's --allow-opt-out-namespaces lists. "
+                                 "Remove `preload: false` (libvcuda is preloaded for you)")
 
     def _read(self, ref: ClaimRef) -> Claim:
         try:

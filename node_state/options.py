@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,25 @@ def reconcile_interval(text: str) -> float:
     return value
 
 
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class NameSet(frozenset[str]):
+    """A set of names that prints as the comma list it was given as (in --help, in logs)."""
+
+    def __str__(self) -> str:
+        return ",".join(sorted(self)) or "''"
+
+
+def namespace_list(text: str) -> NameSet:
+    """A comma list of Kubernetes namespace names ('' : none)."""
+    names = NameSet(filter(None, (p.strip() for p in text.split(","))))
+    for name in sorted(names):
+        if not _NAMESPACE.match(name):
+            raise ValueError(f"{name!r} is not a namespace name (lower-case letters, digits and '-')")
+    return names
+
+
 def positive_number(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -76,6 +96,14 @@ class Option:
     parse: Callable[[str], Any]
     help: str
     flag_type: type = str
+
+
+# Both node daemons (device plugin, DRA driver) take it: who may run a share of a GPU without libvcuda.
+ALLOW_OPT_OUT_NAMESPACES = Option(
+    "allow_opt_out_namespaces", NameSet(), namespace_list,
+    "comma list of namespaces whose pods may opt a share of a GPU out of libvcuda's preload (vgpu: "
+    "VCUDA_DISABLE=1 in the container's env; DRA: GpuShareConfig preload: false). Elsewhere the request is "
+    "ignored (vgpu, with a warning) or refused (DRA). Whole GPUs may always opt out ('' : no namespace)")
 
 
 @dataclass(frozen=True)

@@ -95,11 +95,22 @@ def test_fractional_allocate_on_single_gpu_without_extender(agent_factory, kubel
     assert kubelet.allocate(MEMORY, ids(uuid, 4)).container_responses[0] == type(resp)()
 
 
-def test_vcuda_disable_skips_preload(agent_factory, kubelet, dp):
-    agent_factory("vgpu", pods=StaticPods([dp.pod("p1", cores=20, env={"VCUDA_DISABLE": "1"})]))
-    resp = kubelet.allocate(CORE, ids(dp.gpu(0).uuid, 20)).container_responses[0]
+@pytest.mark.parametrize(("cores", "allowed", "preloaded"), [
+    (20, "", True),                  # a share of a GPU: the pod's VCUDA_DISABLE is ignored
+    (20, "other,team-b", True),      # ... unless its namespace is listed
+    (20, "default", False),
+    (100, "", False),                # whole GPUs may opt out as before
+])
+def test_vcuda_disable_opts_out_only_where_the_operator_allows(agent_factory, kubelet, dp, caplog, cores, allowed,
+                                                                preloaded):
+    agent_factory("vgpu", pods=StaticPods([dp.pod("p1", cores=cores, env={"VCUDA_DISABLE": "1"})]),
+                  allow_opt_out_namespaces=allowed)
+    resp = kubelet.allocate(CORE, ids(dp.gpu(0).uuid, cores)).container_responses[0]
     paths = {m.container_path for m in resp.mounts}
-    assert "/etc/ld.so.preload" not in paths and "/run/vcuda" in paths
+    assert ("/etc/ld.so.preload" in paths) == preloaded
+    assert {"/run/vcuda", "/run/vcuda-quota"} <= paths   # the quota file is there either way
+    ignored = [r for r in caplog.records if "sets VCUDA_DISABLE=1 on a share of GPU: ignored" in r.getMessage()]
+    assert len(ignored) == (1 if cores < 100 and preloaded else 0)
 
 
 def test_whole_cards_are_unthrottled(agent_factory, kubelet, dp):

@@ -383,3 +383,26 @@ def test_dra_containers_appear_in_the_node_snapshot(agent_factory, kubelet, api,
                                                                          "vgpu")
     assert (c.core_request, c.memory_limit) == (0.25, 2 * GiB)
     assert c.tenant_stats is not None          # the GPU's token scheduler answered for the tenant
+
+
+@pytest.mark.parametrize(("namespace", "allowed", "device", "refused"), [
+    ("default", "", "share", True),            # a share of a GPU: not the claim's to opt out of
+    ("default", "batch,default", "share", False),
+    ("batch", "default", "share", True),
+    ("default", "", "whole", False),           # whole GPUs may go without the preload as before
+])
+def test_preload_false_on_a_share_needs_an_allowed_namespace(agent_factory, kubelet, api, namespace, allowed,
+                                                             device, refused):
+    agent = agent_factory(config={"allow_opt_out_namespaces": allowed} if allowed else {})
+    result = t.share(NODE, 0, 30, 4 * GiB) if device == "share" else t.whole(NODE, 0)
+    claim = api.put("resourceclaims", t.claim("c", NODE, [result], namespace=namespace,
+                                              config=[t.share_config(preload=False)]))
+    error = entry(kubelet.prepare(claim), claim).error
+    if refused:
+        assert "GpuShareConfig.preload false would run a share of GPU" in error, error
+        assert "--allow-opt-out-namespaces" in error and "\n" not in error
+        assert list(agent.store.records()) == [] and not agent.driver.specs.exists(claim["metadata"]["uid"])
+        return
+    assert error == ""
+    _, mounts = edits(cdi_spec(agent, claim))
+    assert "/etc/ld.so.preload" not in mounts and "/run/vcuda-quota" in mounts

@@ -18,6 +18,7 @@ CDEF = """
 const char *vcuda_version(void);
 int vcuda_parse_quantity(const char *text, uint64_t *bytes, char *err, size_t errlen);
 int vcuda_config_text(char *buf, size_t len);
+int vcuda_quota_parse(const char *text, size_t len, char *out, size_t outlen);
 
 typedef struct vcuda_ledger_map vcuda_ledger_map;
 typedef struct {

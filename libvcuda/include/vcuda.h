@@ -24,6 +24,12 @@ VCUDA_API int vcuda_parse_quantity(const char *text, uint64_t *bytes, char *err,
 /* The effective configuration of this process as NAME=value lines. */
 VCUDA_API int vcuda_config_text(char *buf, size_t len);
 
+/* Parses the text of a container quota file (/run/vcuda-quota/quota.conf,
+ * format version 1) as libvcuda reads it. 0 with the file as libvcuda
+ * understood it written back in its canonical form in out; -1 with the
+ * reason (naming the line) in out otherwise. */
+VCUDA_API int vcuda_quota_parse(const char *text, size_t len, char *out, size_t outlen);
+
 /* ---- ledger files (read by metrics and `vcuda top`, written by the plugin) ---- */
 
 typedef struct vcuda_ledger_map vcuda_ledger_map;

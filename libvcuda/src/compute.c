@@ -58,6 +58,7 @@
 #include "context.h"
 #include "graph_mem.h"
 #include "log.h"
+#include "process.h"
 #include "real_driver.h"
 #include "zmtp.h"
 
@@ -131,7 +132,8 @@ struct flight {
 struct token_client {
     int device;             /* visible device index; its gate is vcuda_gates[device] */
     struct vcuda_gate *gate;
-    const char *endpoint;   /* VCUDA_SCHEDULER_<device> or VCUDA_SCHEDULER */
+    const char *endpoint;   /* the device's scheduler (vcuda_config_device); "" for none */
+    bool resolved;          /* endpoint known: false until the quota file's GPU is named by UUID */
     pthread_mutex_t lock;
     pthread_cond_t opened;  /* launchers wait here */
     int wake_fd;            /* eventfd: a launcher started waiting (wakes the client thread) */
@@ -957,6 +959,20 @@ static void *client_main(void *arg) {
     return NULL;
 }
 
+/* With the quota file, a device's scheduler is known once its UUID is: its
+ * gate stays closed until its first launch names it here. A device the file
+ * does not name is refused. Called with c->lock held. */
+static CUresult resolve_locked(struct token_client *c) {
+    CUresult rc = vcuda_device_admit(c->device);
+    if (rc != CUDA_SUCCESS) return rc;
+    const char *endpoint = "";
+    if (!vcuda_config_device(c->device, vcuda_device_uuid(c->device), NULL, &endpoint)) return CUDA_ERROR_INVALID_DEVICE;
+    c->endpoint = endpoint;
+    c->resolved = true;
+    if (endpoint[0] == '\0') atomic_store(&c->gate->open, 1); /* not time-limited */
+    return CUDA_SUCCESS;
+}
+
 /* Blocks until the client's gate opens, starting its thread on first use. */
 static CUresult gate_wait(struct token_client *c) {
     CUresult rc = vcuda_driver_load();
@@ -964,6 +980,10 @@ static CUresult gate_wait(struct token_client *c) {
     if (vcuda_config.error[0]) return CUDA_ERROR_NOT_INITIALIZED;
     struct vcuda_gate *gate = c->gate;
     pthread_mutex_lock(&c->lock);
+    if (!c->resolved && ((rc = resolve_locked(c)) != CUDA_SUCCESS || c->endpoint[0] == '\0')) {
+        pthread_mutex_unlock(&c->lock);
+        return rc;
+    }
     if (!c->started) {
         pthread_t thread;
         pthread_attr_t attr;
@@ -1031,7 +1051,10 @@ static void clients_reset(void) {
         memset(c, 0, sizeof *c);
         c->device = d;
         c->gate = &vcuda_gates[d];
-        c->endpoint = vcuda_config.scheduler_dev[d];
+        /* Without the quota file, the environment's endpoint by index; with
+         * it, unknown until the device is named (resolve_locked). */
+        c->endpoint = "";
+        c->resolved = vcuda_config_device(d, NULL, NULL, &c->endpoint);
         c->conn.fd = -1;
         c->wake_fd = -1;
         pthread_mutex_init(&c->lock, NULL);
@@ -1043,7 +1066,7 @@ static void clients_reset(void) {
         c->grace_ns = IDLE_GRACE_NS;
         atomic_store(&c->flight.k, 1);
         /* Without a scheduler nothing is limited: the gate stays open. */
-        bool limited = c->endpoint[0] != '\0' && !vcuda_config.disabled;
+        bool limited = (!c->resolved || c->endpoint[0] != '\0') && !vcuda_config.disabled;
         atomic_store(&c->gate->open, limited ? 0 : 1);
     }
     vcuda_thread_countdown = 0;
@@ -1062,6 +1085,7 @@ void vcuda_compute_init(void) {
         }
     }
     clients_reset();
-    if (vcuda_config.scheduler_dev[0][0] == '\0' && !vcuda_config.disabled && vcuda_config.core_limit < 100)
+    if (!vcuda_config.from_file && vcuda_config.scheduler_dev[0][0] == '\0' && !vcuda_config.disabled &&
+        vcuda_config.core_limit < 100)
         vcuda_warn("VCUDA_CORE_LIMIT=%d but no VCUDA_SCHEDULER: compute is not limited", vcuda_config.core_limit);
 }

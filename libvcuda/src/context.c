@@ -126,6 +126,7 @@ CUresult vcuda_context_before_create(CUdevice ordinal, bool primary, uint64_t *c
     *charged = 0;
     *nvml_free_before = UINT64_MAX;
     CUresult rc = vcuda_process_ready();
+    if (rc == CUDA_SUCCESS) rc = vcuda_device_admit(ordinal); /* only this container's GPUs */
     if (rc != CUDA_SUCCESS) return rc;
     if (primary) {
         pthread_mutex_lock(&context_lock);

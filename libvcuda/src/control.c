@@ -11,6 +11,7 @@
 #include "log.h"
 #include "prim.h"
 #include "process.h"
+#include "quota_file.h"
 #include "real_driver.h"
 #include "vcuda.h"
 
@@ -39,6 +40,21 @@ VCUDA_API int vcuda_parse_quantity(const char *text, uint64_t *bytes, char *err,
 }
 
 VCUDA_API int vcuda_config_text(char *buf, size_t len) { return vcuda_config_describe(buf, len); }
+
+VCUDA_API int vcuda_quota_parse(const char *text, size_t len, char *out, size_t outlen) {
+    char fallback[8];
+    if (out == NULL || outlen == 0) { out = fallback; outlen = sizeof fallback; }
+    struct vcuda_quota_file *q = calloc(1, sizeof *q);
+    if (q == NULL || text == NULL) {
+        snprintf(out, outlen, "%s", q ? "no text given" : "out of memory");
+        free(q);
+        return -1;
+    }
+    int rc = vcuda_quota_file_parse(text, len, q, out, outlen);
+    if (rc == 0) vcuda_quota_file_format(q, out, outlen);
+    free(q);
+    return rc;
+}
 
 VCUDA_API vcuda_ledger_map *vcuda_ledger_open_file(const char *path, int create, char *err, size_t errlen) {
     char fallback[8];

@@ -425,6 +425,10 @@ CUresult vc_cuDeviceGraphMemTrim(CUdevice device) {
 CUresult vc_cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                                    size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode");
+    /* The node allocates on the device its pool properties name, whatever the context. */
+    if (rc == CUDA_SUCCESS && nodeParams && !vcuda_config.disabled &&
+        nodeParams->poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        rc = vcuda_device_admit(nodeParams->poolProps.location.id);
     if (rc != CUDA_SUCCESS) return rc;
     rc = vcuda_real.cuGraphAddMemAllocNode(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
     if (rc == CUDA_SUCCESS && nodeParams && !vcuda_config.disabled) {

@@ -165,6 +165,7 @@ CUresult vc_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const
     if (vcuda_config.disabled || prop == NULL || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return vcuda_real.cuMemCreate(handle, size, prop, flags);
     rc = vcuda_process_ready();
+    if (rc == CUDA_SUCCESS) rc = vcuda_device_admit(prop->location.id); /* names a device, not a context */
     if (rc != CUDA_SUCCESS) return rc;
     struct charge c;
     /* Physical memory is bound to no context: destroying one does not release it. */

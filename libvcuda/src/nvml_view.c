@@ -10,26 +10,29 @@
 #include "process.h"
 #include "real_driver.h"
 
-/* The limit this process applies to an NVML device. NVML numbers devices
+/* The limit this process applies to an NVML device (false: not this
+ * container's GPU, shown as the driver shows it). NVML numbers devices
  * physically; with CUDA_VISIBLE_DEVICES unset that equals the CUDA ordinal
- * VCUDA_MEMORY_LIMIT_<i> refers to, otherwise the all-devices limit applies. */
-static uint64_t limit_for(nvmlDevice_t device) {
+ * VCUDA_MEMORY_LIMIT_<i> refers to, otherwise the all-devices limit applies.
+ * The quota file names GPUs by UUID. */
+static bool limit_for(nvmlDevice_t device, const char *uuid, uint64_t *limit) {
     unsigned int index = 0;
     if (!vcuda_config.cuda_visible_devices_set && vcuda_real_nvml.nvmlDeviceGetIndex &&
         vcuda_real_nvml.nvmlDeviceGetIndex(device, &index) == NVML_SUCCESS && index < VCUDA_MAX_DEVICES)
-        return vcuda_config.memory_limit[index];
-    return vcuda_config.memory_limit[0];
+        return vcuda_config_device((int)index, uuid, limit, NULL);
+    return vcuda_config_device(0, uuid, limit, NULL);
 }
 
 /* Ledger device for an NVML device, creating its record when this process is
- * the first of the container to look at it. -1 when it cannot be named. */
+ * the first of the container to look at it. -1 when it cannot be named or is
+ * not this container's. */
 static int ledger_device_for(nvmlDevice_t device, uint64_t *limit) {
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     if (!vcuda_real_nvml.nvmlDeviceGetUUID ||
         vcuda_real_nvml.nvmlDeviceGetUUID(device, uuid, sizeof uuid) != NVML_SUCCESS)
         return -1;
+    if (!limit_for(device, uuid, limit)) return -1;
     int dev = vcuda_ledger_find_device(&vcuda_proc.ledger, uuid);
-    *limit = limit_for(device);
     if (dev < 0) {
         dev = vcuda_ledger_device(&vcuda_proc.ledger, uuid);
         if (dev >= 0) atomic_store(&vcuda_proc.ledger.file->devices[dev].limit, *limit);

@@ -372,6 +372,7 @@ CUresult vc_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
     if (vcuda_config.disabled || pool == NULL || props == NULL || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return vcuda_real.cuMemPoolCreate(pool, props);
     rc = vcuda_process_ready();
+    if (rc == CUDA_SUCCESS) rc = vcuda_device_admit(props->location.id); /* names a device, not a context */
     if (rc != CUDA_SUCCESS) return rc;
     uint64_t limit;
     int dev = vcuda_device_index(props->location.id, &limit, &rc);
@@ -443,6 +444,7 @@ CUresult vc_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, v
 
 CUresult vc_cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuDeviceSetMemPool, "cuDeviceSetMemPool");
+    if (rc == CUDA_SUCCESS && !vcuda_config.disabled) rc = vcuda_device_admit(dev); /* only this container's GPUs */
     if (rc != CUDA_SUCCESS) return rc;
     rc = vcuda_real.cuDeviceSetMemPool(dev, pool);
     if (rc != CUDA_SUCCESS || vcuda_config.disabled || dev < 0 || dev >= VCUDA_MAX_DEVICES ||

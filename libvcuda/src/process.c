@@ -21,9 +21,11 @@ static pthread_mutex_t proc_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int proc_ready;
 static CUresult proc_status; /* sticky failure: config and driver do not change */
 
-/* Per CUDA ordinal: ledger device index + 1 (0 = not yet named). */
+/* Per CUDA ordinal: ledger device index + 1 (0 = not yet named), or refused:
+ * not this container's GPU (the quota file does not name it). */
 static struct {
     _Atomic int index_plus_one;
+    _Atomic int refused;
     char uuid[VCUDA_LEDGER_UUID_LEN];
 } ordinals[VCUDA_MAX_DEVICES];
 
@@ -37,6 +39,7 @@ static CUresult attach_slow(void) {
         rc = CUDA_ERROR_NOT_INITIALIZED;
         goto fail;
     }
+    vcuda_config_warn_ignored();
     rc = vcuda_driver_load();
     if (rc != CUDA_SUCCESS) goto fail;
     if (vcuda_proc.ledger.file == NULL) {
@@ -85,16 +88,28 @@ static int name_device(CUdevice ordinal, CUresult *rc) {
     if (*rc != CUDA_SUCCESS) return -1;
     char text[VCUDA_LEDGER_UUID_LEN];
     format_uuid(&uuid, text, sizeof text);
+    uint64_t limit;
+    if (!vcuda_config_device(ordinal, text, &limit, NULL)) {
+        /* Refused, not hidden: hiding would renumber every CUdevice-taking
+         * entry point of the driver and NVML; refusing its contexts (the only
+         * door to running work) and the allocations that name it is enough. */
+        vcuda_error("device %d (%s) is not this container's GPU (%s does not name it): refused", ordinal, text,
+                    VCUDA_QUOTA_FILE);
+        atomic_store(&ordinals[ordinal].refused, 1);
+        *rc = CUDA_ERROR_INVALID_DEVICE;
+        return -1;
+    }
     int index = vcuda_ledger_device(&vcuda_proc.ledger, text);
     if (index < 0) {
         vcuda_error("ledger holds %d devices already; cannot account for %s", VCUDA_MAX_DEVICES, text);
         *rc = CUDA_ERROR_OPERATING_SYSTEM;
         return -1;
     }
-    /* The ledger's limit is the container's: this process's VCUDA_MEMORY_LIMIT
-     * sets it unless the device plugin pinned one (a live quota change). */
+    /* The ledger's limit is the container's: this process's quota (the file's
+     * or VCUDA_MEMORY_LIMIT) sets it unless the device plugin pinned one (a
+     * live quota change). */
     struct vcuda_ledger_device *d = &vcuda_proc.ledger.file->devices[index];
-    if (!atomic_load(&d->limit_pinned)) atomic_store(&d->limit, vcuda_config.memory_limit[ordinal]);
+    if (!atomic_load(&d->limit_pinned)) atomic_store(&d->limit, limit);
     memcpy(ordinals[ordinal].uuid, text, sizeof text);
     atomic_store_explicit(&ordinals[ordinal].index_plus_one, index + 1, memory_order_release);
     return index;
@@ -109,7 +124,8 @@ int vcuda_device_index(CUdevice ordinal, uint64_t *limit, CUresult *rc) {
     if (index < 0) {
         pthread_mutex_lock(&proc_lock);
         index = atomic_load(&ordinals[ordinal].index_plus_one) - 1;
-        if (index < 0) index = name_device(ordinal, rc);
+        if (index < 0 && atomic_load(&ordinals[ordinal].refused)) *rc = CUDA_ERROR_INVALID_DEVICE;
+        else if (index < 0) index = name_device(ordinal, rc);
         pthread_mutex_unlock(&proc_lock);
         if (index < 0) return -1;
     }
@@ -117,6 +133,14 @@ int vcuda_device_index(CUdevice ordinal, uint64_t *limit, CUresult *rc) {
     *limit = atomic_load_explicit(&vcuda_proc.ledger.file->devices[index].limit, memory_order_relaxed);
     *rc = CUDA_SUCCESS;
     return index;
+}
+
+CUresult vcuda_device_admit(CUdevice ordinal) {
+    if (!vcuda_config.from_file) return CUDA_SUCCESS;
+    CUresult rc = vcuda_process_ready();
+    if (rc != CUDA_SUCCESS) return rc;
+    uint64_t limit;
+    return vcuda_device_index(ordinal, &limit, &rc) < 0 ? rc : CUDA_SUCCESS;
 }
 
 const char *vcuda_device_uuid(CUdevice ordinal) {

@@ -24,6 +24,13 @@ CUresult vcuda_process_ready(void);
  * for it. Returns -1 (with *rc set) when the device cannot be named. */
 int vcuda_device_index(CUdevice ordinal, uint64_t *limit, CUresult *rc);
 
+/* CUDA_SUCCESS when this process may use device `ordinal`. Without the quota
+ * file, any (the driver judges the ordinal); with it, only a GPU the file
+ * names: any other, or one whose UUID cannot be read, is refused
+ * (CUDA_ERROR_INVALID_DEVICE, logged once per device). Slow path: the first
+ * call per device reads its UUID. */
+CUresult vcuda_device_admit(CUdevice ordinal);
+
 /* The GPU UUID of a named ordinal ("GPU-..."), or NULL before it was named. */
 const char *vcuda_device_uuid(CUdevice ordinal);
 

@@ -442,6 +442,26 @@ static bool memory_command(const char *c, const char *text, unsigned long long a
         r = cu.pool_create(&pool, &props);
         if (r == CUDA_SUCCESS && a) r = cu.set_mem_pool(0, pool);
         printf("mkpool rc=%d\n", r);
+    } else if (strcmp(c, "devmem") == 0) { /* what names device a without a context of it: VMM, pools */
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = (int)a;
+        CUmemGenericAllocationHandle h = 0;
+        CUresult created = cu.mem_create(&h, 2u << 20, &prop, 0);
+        if (created == CUDA_SUCCESS) cu.mem_release(h);
+        CUmemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = (int)a;
+        CUmemoryPool made = NULL, dflt = NULL;
+        CUresult pooled = cu.pool_create(&made, &props);
+        if (pooled == CUDA_SUCCESS) cu.pool_destroy(made);
+        CUresult set = cu.default_pool(&dflt, (CUdevice)a);
+        if (set == CUDA_SUCCESS) set = cu.set_mem_pool((CUdevice)a, dflt);
+        printf("devmem rc=0 create=%d pool=%d setpool=%d\n", created, pooled, set);
     } else if (strcmp(c, "destroypool") == 0) {
         printf("destroypool rc=%d\n", cu.pool_destroy(the_pool()));
         pool = NULL;
@@ -511,11 +531,12 @@ static bool memory_command(const char *c, const char *text, unsigned long long a
         printf("endcapture rc=%d\n", cu.end_capture(stream, &graph));
     } else if (strcmp(c, "graphnew") == 0) {
         printf("graphnew rc=%d\n", cu.graph_create(&graph, 0));
-    } else if (strcmp(c, "graphalloc") == 0) { /* an allocation node of a bytes */
+    } else if (strcmp(c, "graphalloc") == 0) { /* an allocation node of a bytes (on device b) */
         CUDA_MEM_ALLOC_NODE_PARAMS params;
         memset(&params, 0, sizeof params);
         params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
         params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        params.poolProps.location.id = (int)b;
         params.bytesize = a;
         CUgraphNode node;
         printf("graphalloc rc=%d\n", cu.graph_add_alloc(&node, graph, NULL, 0, &params));

@@ -6,14 +6,13 @@ file and names the environment variables it ignores."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubecontainer import skip_unless_namespaces
 from vcudacli import vcuda, vcuda_env
 
 from py_vcuda import native
@@ -83,13 +82,6 @@ exec env -i "$@"
 """
 
 
-def needs_mount_namespace() -> None:
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        pytest.skip("needs root and unshare to mount the quota directory at /run/vcuda-quota")
-    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
-        pytest.skip("cannot create a mount namespace here")
-
-
 def doctor_with_quota_file(quota_dir: Path, env: dict[str, str]) -> tuple[int, list[str]]:
     full = {k: v for k, v in vcuda_env(env).items() if k in ("PATH", "HOME", "VCUDA_LIB_DIR", "PYTHONPATH")
             or k in env}
@@ -107,7 +99,7 @@ def write_quota(quota_dir: Path, container: dict[str, str], *, memory: int = GiB
 
 
 def test_with_the_quota_file_the_environment_is_ignored_and_named(container: dict[str, str], short_dir: Path) -> None:
-    needs_mount_namespace()
+    skip_unless_namespaces()
     write_quota(short_dir / "quota", container)
     # what a pod's spec might set to loosen its quota: the file holds, doctor says what it ignored
     env = {"LD_PRELOAD": container["LD_PRELOAD"], "VCUDA_MEMORY_LIMIT": "8Gi", "VCUDA_DISABLE": "1",
@@ -124,7 +116,7 @@ def test_with_the_quota_file_the_environment_is_ignored_and_named(container: dic
 
 
 def test_a_clean_environment_finds_its_quota_in_the_file(container: dict[str, str], short_dir: Path) -> None:
-    needs_mount_namespace()
+    skip_unless_namespaces()
     write_quota(short_dir / "quota", container)
     code, lines = doctor_with_quota_file(short_dir / "quota", {"LD_PRELOAD": container["LD_PRELOAD"]})
     assert code == 0, lines
@@ -139,7 +131,7 @@ def test_a_clean_environment_finds_its_quota_in_the_file(container: dict[str, st
 ])
 def test_a_bad_quota_file_fails_and_says_cuda_is_refused(container: dict[str, str], short_dir: Path,
                                                          content: str | None, why: str) -> None:
-    needs_mount_namespace()
+    skip_unless_namespaces()
     quota_dir = short_dir / "quota"
     quota_dir.mkdir()
     if content is not None:

@@ -46,6 +46,7 @@ from node_state.gpus import Health, Inventory
 from node_state.layout import ContainerRecord
 from node_state.schedulers import SchedulerError, TokenScheduler, remove_tenant
 from py_vcuda.nvml import GPUInfo
+from py_vcuda.quota_file import QUOTA_FILE
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +244,9 @@ class Driver:
         self.specs.write(done.uid, devices)
 
     def _ensure(self, done: PreparedClaim) -> None:
-        """A prepared claim's directories and CDI spec exist (made again when something removed them)."""
+        """A prepared claim's directories, quota files and CDI spec exist (made again when something removed
+        them, or when a driver from before quota files prepared it: the spec then gains their mount)."""
+        respec = False
         for s in done.shares:
             if not self.store.layout.container_dir(s.record.key).is_dir():
                 log.warning("claim %s: container directory %s was missing; making it again (empty ledger)",
@@ -251,7 +254,11 @@ class Driver:
                 with self.store.lock:
                     tenancy.set_up(self.store, self.schedulers, s.record,
                                    preload=s.record.extra.get("preload") != "0")
-        if not self.specs.exists(done.uid):
+            elif not (self.store.layout.quota_dir(s.record.key) / QUOTA_FILE).is_file():
+                log.info("claim %s: writing the quota file of %s (and its CDI spec) again", done.ref, s.record.key)
+                self.store.write_quota(s.record)
+                respec = True
+        if respec or not self.specs.exists(done.uid):
             log.info("claim %s: writing its CDI spec again", done.ref)
             self._write_spec(done)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -358,6 +359,24 @@ def test_a_missing_container_directory_is_made_again(agent_factory, kubelet, api
     assert entry(kubelet.prepare(claim), claim) == first
     assert [r.key for r in agent.store.records()] == [record.key]
     assert agent.layout.ledger_path(record.key).exists()
+    assert (agent.layout.quota_dir(record.key) / "quota.conf").exists()
+
+
+def test_a_claim_prepared_before_quota_files_gets_one_and_its_spec_the_mount(agent_factory, kubelet, api):
+    agent = agent_factory()
+    claim = api.put("resourceclaims", t.claim("c", NODE, [t.share(NODE, 0, 30, 4 * GiB)]))
+    first = entry(kubelet.prepare(claim), claim)
+    (record,) = agent.store.records()
+    # what a driver from before quota files left: no quota directory, a spec without its mount
+    shutil.rmtree(agent.layout.quota_dir(record.key))
+    spec = cdi_spec(agent, claim)
+    spec["devices"][0]["containerEdits"]["mounts"] = [
+        m for m in spec["devices"][0]["containerEdits"]["mounts"] if m["containerPath"] != "/run/vcuda-quota"]
+    agent.driver.specs.path(claim["metadata"]["uid"]).write_text(json.dumps(spec))
+    assert entry(kubelet.prepare(claim), claim) == first
+    assert quota_file.read(agent.layout.quota_dir(record.key) / "quota.conf").gpus[0].memory == 4 * GiB
+    _, mounts = edits(cdi_spec(agent, claim))
+    assert mounts["/run/vcuda-quota"] == (str(agent.layout.quota_dir(record.key)), ["ro", "nosuid", "nodev", "bind"])
 
 
 def test_dra_containers_appear_in_the_node_snapshot(agent_factory, kubelet, api, short_dir):

@@ -126,6 +126,9 @@ def test_whole_cards_are_unthrottled(agent_factory, kubelet, dp):
     (rec,) = records(agent)
     assert rec.tenant is None and rec.pod == "big"
     assert tenants(agent, a) == {} and tenants(agent, b) == {}
+    # injected whole cards get a quota file too: their GPUs named (others refused), no scheduler, no limit
+    assert quota_file.read(agent.layout.quota_dir(rec.key) / "quota.conf").gpus == (
+        quota_file.GPUQuota(a, None, ""), quota_file.GPUQuota(b, None, ""))
 
 
 def test_preferred_keeps_a_share_on_one_gpu_best_fit(agent_factory, kubelet, dp):

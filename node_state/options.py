@@ -174,6 +174,8 @@ class OptionTable:
             if value is None:
                 values[option.name] = option.default
                 continue
+            if isinstance(value, list):   # a YAML/JSON list for a comma-list option
+                value = ",".join(str(v) for v in value)
             try:
                 values[option.name] = option.parse(str(value))
             except ValueError as exc:

@@ -83,3 +83,10 @@ def test_opt_out_namespaces_option():
     assert parse(["--allow-opt-out-namespaces", "batch, ml-dev"]).allow_opt_out_namespaces == {"batch", "ml-dev"}
     with pytest.raises(ConfigError, match="--allow-opt-out-namespaces: 'Batch': 'Batch' is not a namespace name"):
         parse(["--allow-opt-out-namespaces", "Batch"])
+
+
+def test_comma_list_options_take_a_list_in_the_config_file(tmp_path):
+    path = tmp_path / "plugin.yaml"
+    path.write_text("device-list-strategy: [volume-mounts, cdi-cri]\nallow-opt-out-namespaces: [batch]\n")
+    cfg = parse(["--config", str(path)])
+    assert (cfg.device_list_strategy, cfg.allow_opt_out_namespaces) == (("volume-mounts", "cdi-cri"), {"batch"})

@@ -35,6 +35,7 @@ NODE_MEMORY = 4 * GiB   # each of the node's two simulated GPUs
 OUT_OF_MEMORY = 2
 INVALID_DEVICE = 101
 ROOTS = ("/run", "/usr/local")   # a tmpfs on each, so that mount points can be made without touching the host
+DEVICE_LIST_ROOT = "/var/run/nvidia-container-devices/"
 
 
 def skip_unless_namespaces() -> None:
@@ -63,7 +64,9 @@ def _script(mounts: Sequence[MountSpec]) -> str:
         if m.container == "/etc/ld.so.preload":
             preload = m   # last: from then on every program started here preloads libvcuda
             continue
-        if not any(m.container.startswith(root + "/") for root in (*ROOTS, "/var/run")):
+        if m.container.startswith(DEVICE_LIST_ROOT):
+            continue   # the volume-mounts device list: for the NVIDIA runtime, not the container's programs
+        if not any(m.container.startswith(root + "/") for root in ROOTS):
             raise AssertionError(f"container path {m.container} is outside what the emulation can mount")
         make = f"mkdir -p {q(m.container)}" if os.path.isdir(m.host) else \
             f"mkdir -p {q(os.path.dirname(m.container))} && touch {q(m.container)}"

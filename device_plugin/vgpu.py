@@ -226,7 +226,7 @@ class CorePlugin:
             return False
         if not fractional or match.namespace in self.ctx.opt_out_namespaces:
             return True
-        log.warning("pod %s/%s container %s sets VCUDA_DISABLE=1 on a share of GPU: ignored, it is held to its "
+        log.warning("pod %s/%s container %s sets VCUDA_DISABLE=1 on a share of a GPU: ignored, it is held to its "
                     "quota (only namespaces listed in --allow-opt-out-namespaces may opt out)", match.namespace,
                     match.pod, match.container)
         return False

@@ -109,7 +109,7 @@ def test_vcuda_disable_opts_out_only_where_the_operator_allows(agent_factory, ku
     paths = {m.container_path for m in resp.mounts}
     assert ("/etc/ld.so.preload" in paths) == preloaded
     assert {"/run/vcuda", "/run/vcuda-quota"} <= paths   # the quota file is there either way
-    ignored = [r for r in caplog.records if "sets VCUDA_DISABLE=1 on a share of GPU: ignored" in r.getMessage()]
+    ignored = [r for r in caplog.records if "sets VCUDA_DISABLE=1 on a share of a GPU: ignored" in r.getMessage()]
     assert len(ignored) == (1 if cores < 100 and preloaded else 0)
 
 

@@ -103,13 +103,14 @@ class Agent:
                                                            functools.partial(self.store.tenants, gpu.uuid))
             children.extend(self.schedulers.values())
             ctx = vgpu.VGPUContext(self.inventory, self.health, self.names, cfg.node_name, self.pods,
-                                   self.store, self.schedulers, host_lib)
+                                   self.store, self.schedulers, host_lib, device_list=cfg.device_list_strategy,
+                                   opt_out_namespaces=cfg.allow_opt_out_namespaces)
             return [vgpu.CorePlugin(ctx), vgpu.MemoryPlugin(ctx)]
         if cfg.mode == "pgpu":
-            return [pgpu.GPUPlugin(self.inventory, self.health, self.store)]
+            return [pgpu.GPUPlugin(self.inventory, self.health, self.store, device_list=cfg.device_list_strategy)]
         daemons = {g.uuid: mps.MPSDaemon(g.uuid, self.layout, cfg.mps_control) for g in self.inventory.gpus}
         children.extend(daemons.values())
-        return [mps.MPSPlugin(self.inventory, self.health, self.store, daemons)]
+        return [mps.MPSPlugin(self.inventory, self.health, self.store, daemons, device_list=cfg.device_list_strategy)]
 
     def start(self) -> None:
         self.config.device_plugin_dir.mkdir(parents=True, exist_ok=True)

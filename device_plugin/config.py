@@ -32,6 +32,8 @@ Environment variables (all optional):
 ``VCUDA_PLUGIN_HOST_PROC``         the host's /proc (/proc: the agent runs with hostPID)
 ``VCUDA_PLUGIN_ON_ESCAPE``         kill or report a shared-GPU process without libvcuda (kill)
 ``VCUDA_PLUGIN_ON_OVER_LIMIT``     report or kill a container over its memory limit (report)
+``VCUDA_PLUGIN_DEVICE_LIST_STRATEGY`` envvar, volume-mounts, cdi-cri (a comma list; envvar)
+``VCUDA_PLUGIN_ALLOW_OPT_OUT_NAMESPACES`` namespaces whose pods may opt a GPU share out of libvcuda ("")
 =================================  ===========================================
 """
 
@@ -44,11 +46,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from device_plugin.device_list import DEFAULT, ENVVAR, strategy_list
 from node_state.layout import MODES
 from node_state.options import (
     GUARD_OPTIONS,
     KILL,
     REPORT,
+    ALLOW_OPT_OUT_NAMESPACES,
     ConfigError,
     Option,
     OptionTable,
@@ -107,6 +111,11 @@ OPTIONS: tuple[Option, ...] = (
            "seconds between memory reconciler passes (NVML per-process use vs ledgers), at most 1"),
     Option("host_proc", Path("/proc"), Path, "the host's /proc, to map NVML's host pids to containers"),
     *GUARD_OPTIONS,
+    Option("device_list_strategy", DEFAULT, strategy_list,
+           "how Allocate names the GPUs to the container runtime, as NVIDIA's device plugin: envvar "
+           "(NVIDIA_VISIBLE_DEVICES), volume-mounts (/var/run/nvidia-container-devices/<uuid>), cdi-cri "
+           "(CDI devices nvidia.com/gpu=<uuid>, Kubernetes >= 1.31); a comma list"),
+    ALLOW_OPT_OUT_NAMESPACES,
 )
 
 
@@ -133,6 +142,8 @@ class PluginConfig:
     host_proc: Path = Path("/proc")
     on_escape: str = KILL
     on_over_limit: str = REPORT
+    device_list_strategy: tuple[str, ...] = (ENVVAR,)
+    allow_opt_out_namespaces: frozenset[str] = frozenset()
 
 
 TABLE = OptionTable(OPTIONS, ENV_PREFIX, {"node_name": "NODE_NAME"})

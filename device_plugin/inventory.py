@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 
+from device_plugin import device_list
 from device_plugin.kubelet import HEALTHY, UNHEALTHY, AllocationError
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from node_state.containers import ContainerStore
@@ -92,10 +93,12 @@ def logical_devices(inventory: Inventory, health: Health, units: Callable[[GPUIn
 class NodeResource:
     """Base of the pgpu and mps resources: the node's GPUs, their health, the container records."""
 
-    def __init__(self, inventory: Inventory, health: Health, store: ContainerStore) -> None:
+    def __init__(self, inventory: Inventory, health: Health, store: ContainerStore, *,
+                 device_list: Sequence[str] = (device_list.ENVVAR,)) -> None:
         self.inventory = inventory
         self.health = health
         self.store = store
+        self.device_list = tuple(device_list)   # device_list strategies of its Allocate answers
 
     def options(self) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(get_preferred_allocation_available=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import grpc
 
+from device_plugin import device_list
 from device_plugin.inventory import NodeResource, logical_devices, parse_ids
 from device_plugin.kubelet import AllocationError, mount
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
@@ -140,8 +141,8 @@ class MPSPlugin(NodeResource):
     socket_name = "nvidia-mps-core.sock"
 
     def __init__(self, inventory: Inventory, health: Health, store: ContainerStore,
-                 daemons: Mapping[str, MPSDaemon]) -> None:
-        super().__init__(inventory, health, store)
+                 daemons: Mapping[str, MPSDaemon], *, device_list: Sequence[str] = (device_list.ENVVAR,)) -> None:
+        super().__init__(inventory, health, store, device_list=device_list)
         self.daemons = daemons
 
     def devices(self) -> list[pb.Device]:
@@ -182,9 +183,8 @@ class MPSPlugin(NodeResource):
             key=new_key(), mode="mps", resource=RESOURCE, device_ids=tuple(device_ids), gpus=(uuid,),
             core_request=share, core_limit=share, memory_limit=memory, created=time.time()))
         pipe = mps_dir(self.store.layout, uuid) / "pipe"
-        return pb.ContainerAllocateResponse(
-            envs={"NVIDIA_VISIBLE_DEVICES": uuid,
-                  "CUDA_MPS_PIPE_DIRECTORY": str(CONTAINER_PIPE_DIR),
+        return device_list.apply(pb.ContainerAllocateResponse(
+            envs={"CUDA_MPS_PIPE_DIRECTORY": str(CONTAINER_PIPE_DIR),
                   "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share),
                   "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory >> 20}M"},
-            mounts=[mount(pipe, CONTAINER_PIPE_DIR, read_only=False)])
+            mounts=[mount(pipe, CONTAINER_PIPE_DIR, read_only=False)]), [uuid], self.device_list)

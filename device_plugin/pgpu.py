@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from device_plugin import device_list
 from device_plugin.inventory import NodeResource, best_set, health_state, topology
 from device_plugin.kubelet import AllocationError
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
@@ -55,4 +56,4 @@ class GPUPlugin(NodeResource):
             key=new_key(), mode="pgpu", resource=RESOURCE, device_ids=tuple(device_ids), gpus=uuids,
             core_request=100 * len(gpus), core_limit=100 * len(gpus), memory_limit=None,
             created=time.time()))
-        return pb.ContainerAllocateResponse(envs={"NVIDIA_VISIBLE_DEVICES": ",".join(uuids)})
+        return device_list.apply(pb.ContainerAllocateResponse(), uuids, self.device_list)

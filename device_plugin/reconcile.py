@@ -9,8 +9,8 @@ every `interval_s` (a pass costs one pod list and one pod-resources List):
   its device IDs has appeared in kubelet's pod-resources List for `grace_s`;
 - for a live vgpu container, ``vcuda.io/core-limit`` / ``vcuda.io/priority`` /
   ``vcuda.io/memory`` are read again: a change reaches the token scheduler
-  (admin ``update``) and the ledger (``set_limit``) and the record, without
-  restarting the pod.
+  (admin ``update``), the ledger (``set_limit``), the container's quota file
+  and the record, without restarting the pod.
 
 - a container whose identity is provisional or unknown takes the owner that
   pod-resources reports for its device IDs (see device_plugin.pods).
@@ -175,8 +175,7 @@ class Reconciler:
                 return
         updated = dataclasses.replace(record, core_limit=q.core_limit, priority=q.priority,
                                       memory_limit=q.memory_limit)
-        if q.memory_limit != record.memory_limit:
-            self.store.set_memory_limit(updated)
+        self.store.set_quota(updated)
         self.store.layout.write_record(updated)
         log.info("quota of %s/%s:%s now cores %d/%d %s, memory %s", record.namespace, record.pod,
                  record.container, record.core_request, q.core_limit, q.priority, q.memory_limit)

@@ -17,12 +17,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
+from device_plugin import device_list
 from device_plugin import pods as podlib
 from device_plugin.inventory import best_set, logical_devices, parse_ids
 from device_plugin.kubelet import AllocationError, mount
@@ -51,6 +52,8 @@ class VGPUContext:
     store: ContainerStore
     schedulers: Mapping[str, TokenScheduler]
     host_lib: Path        # libvcuda.so on the host
+    device_list: Sequence[str] = (device_list.ENVVAR,)          # how answers name the GPUs (device_list)
+    opt_out_namespaces: Collection[str] = frozenset()           # whose shares may skip the preload
 
 
 def cores_of(_gpu: GPUInfo) -> int:
@@ -184,7 +187,7 @@ class CorePlugin:
                           share_memory=share_memory, memory_units=units, gpus=len(groups))
             except QuotaError as exc:
                 raise AllocationError(f"pod {match.namespace}/{match.pod}: {exc}" if match else str(exc)) from None
-            disabled = bool(match and match.env.get("VCUDA_DISABLE") == "1")
+            disabled = self._opted_out(match, fractional)
             key = new_key()
             handed = self._init_tenant(match, next(iter(groups)), existing) if fractional else None
             extra = {"preload": "0" if disabled else "1"}
@@ -214,6 +217,19 @@ class CorePlugin:
                  record.pod, record.container, ",".join(record.gpus), q.core_request, q.core_limit,
                  q.priority, q.memory_limit)
         return self._response(record, tenant_dir, disabled)
+
+    def _opted_out(self, match: podlib.PodMatch | None, fractional: bool) -> bool:
+        """Whether the container goes without /etc/ld.so.preload: it sets VCUDA_DISABLE=1 and it either has
+        whole GPUs or runs in a namespace the operator lists (--allow-opt-out-namespaces). A share of a GPU
+        elsewhere is held to its quota whatever its spec says: the quota protects the GPU's other tenants."""
+        if match is None or match.env.get("VCUDA_DISABLE") != "1":
+            return False
+        if not fractional or match.namespace in self.ctx.opt_out_namespaces:
+            return True
+        log.warning("pod %s/%s container %s sets VCUDA_DISABLE=1 on a share of a GPU: ignored, it is held to its "
+                    "quota (only namespaces listed in --allow-opt-out-namespaces may opt out)", match.namespace,
+                    match.pod, match.container)
+        return False
 
     def _init_tenant(self, match: podlib.PodMatch | None, uuid: str,
                      existing: list[ContainerRecord]) -> ContainerRecord | None:
@@ -269,8 +285,9 @@ class CorePlugin:
     def _response(self, record: ContainerRecord, tenant_dir: Path | None,
                   disabled: bool) -> pb.ContainerAllocateResponse:
         inj = tenancy.injection(self.ctx.store.layout, record, tenant_dir, self.ctx.host_lib, preload=not disabled)
-        return pb.ContainerAllocateResponse(envs=inj.env, mounts=[mount(m.host, m.container, m.read_only)
+        resp = pb.ContainerAllocateResponse(envs=inj.env, mounts=[mount(m.host, m.container, m.read_only)
                                                                   for m in inj.mounts])
+        return device_list.apply(resp, record.gpus, self.ctx.device_list)
 
 
 class MemoryPlugin:

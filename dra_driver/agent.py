@@ -68,7 +68,8 @@ class DriverAgent:
         self.supervisor = Supervisor(list(self.schedulers.values()))
         self.driver = Driver(node=config.node_name, inventory=inventory, health=self.health, store=self.store,
                              schedulers=self.schedulers, host_lib=host_lib, specs=SpecDir(config.cdi_dir),
-                             checkpoint=Checkpoint(config.state_dir / CHECKPOINT_DIR), api=api)
+                             checkpoint=Checkpoint(config.state_dir / CHECKPOINT_DIR), api=api,
+                             opt_out_namespaces=config.allow_opt_out_namespaces)
         self.plugin = KubeletPlugin(self.driver, plugin_dir=config.plugin_dir, registry_dir=config.registry_dir)
         known = versions or slices.DriverVersions()
         self.publisher = slices.SlicePublisher(

@@ -13,7 +13,8 @@ first, then the claim's, field by field. Fields::
 
     coreLimit: 60        # elastic cap, percent: request <= coreLimit <= 100 (whole GPUs: 100 only)
     priority: normal     # normal | high (latency-sensitive: revokes normal tenants' leases; not on whole GPUs)
-    preload: true        # false: no /etc/ld.so.preload (the container preloads libvcuda itself)
+    preload: true        # false: no /etc/ld.so.preload (the container preloads libvcuda itself); on a
+                         # share of a GPU only in a namespace the driver's --allow-opt-out-namespaces lists
 
 A config that cannot be used fails its claim with an error naming the field.
 

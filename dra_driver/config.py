@@ -19,6 +19,7 @@ Environment variables (all optional):
 ``VCUDA_DRA_ON_ESCAPE``            kill or report a shared-GPU process without libvcuda (kill)
 ``VCUDA_DRA_ON_OVER_LIMIT``        report or kill a container over its memory limit (report)
 ``VCUDA_DRA_LOG_LEVEL``            debug, info, warning, error
+``VCUDA_DRA_ALLOW_OPT_OUT_NAMESPACES`` namespaces whose claims may opt a GPU share out of libvcuda ("")
 =================================  ===========================================
 """
 
@@ -35,6 +36,7 @@ from node_state.options import (
     GUARD_OPTIONS,
     KILL,
     REPORT,
+    ALLOW_OPT_OUT_NAMESPACES,
     ConfigError,
     Option,
     OptionTable,
@@ -66,6 +68,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("host_proc", Path("/proc"), Path, "the host's /proc, to map NVML's host pids to containers"),
     *GUARD_OPTIONS,
     Option("log_level", "info", log_level, "debug, info, warning or error"),
+    ALLOW_OPT_OUT_NAMESPACES,
 )
 TABLE = OptionTable(OPTIONS, ENV_PREFIX, {"node_name": "NODE_NAME"})
 
@@ -87,6 +90,7 @@ class DriverConfig:
     log_level: str
     on_escape: str = KILL
     on_over_limit: str = REPORT
+    allow_opt_out_namespaces: frozenset[str] = frozenset()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

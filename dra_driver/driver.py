@@ -30,7 +30,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from dra_driver import cdi
 from dra_driver.checkpoint import PREPARED, UNPREPARING, Checkpoint, PreparedClaim, PreparedDevice, PreparedShare
 from dra_driver.claims import Claim, ClaimError, Result, Share, parse_claim, plan
-from dra_driver.names import DRIVER
+from dra_driver.names import CONFIG_KIND, DRIVER
 from dra_driver.slices import device_name
 from node_state import tenancy
 from node_state.containers import ContainerStore, new_key
@@ -46,6 +46,7 @@ from node_state.gpus import Health, Inventory
 from node_state.layout import ContainerRecord
 from node_state.schedulers import SchedulerError, TokenScheduler, remove_tenant
 from py_vcuda.nvml import GPUInfo
+from py_vcuda.quota_file import QUOTA_FILE
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class Prepared:
 class Driver:
     def __init__(self, *, node: str, inventory: Inventory, health: Health, store: ContainerStore,
                  schedulers: Mapping[str, TokenScheduler], host_lib: Path, specs: cdi.SpecDir,
-                 checkpoint: Checkpoint, api: ClaimSource) -> None:
+                 checkpoint: Checkpoint, api: ClaimSource, opt_out_namespaces: Collection[str] = frozenset()) -> None:
         self.node = node
         self.inventory = inventory
         self.health = health
@@ -91,6 +92,7 @@ class Driver:
         self.specs = specs
         self.checkpoint = checkpoint
         self.api = api
+        self.opt_out_namespaces = opt_out_namespaces   # whose shares may go without /etc/ld.so.preload
         self._by_device = {device_name(g.index): g for g in inventory.gpus}
         self._lock = threading.RLock()   # one claim at a time changes node state
 
@@ -130,6 +132,7 @@ class Driver:
         shares = plan(claim, self._gpu_of)
         if not shares:
             return Prepared()   # nothing of ours in it (another driver's devices)
+        self._check_opt_out(claim, shares)
         for share in shares:
             for uuid in share.gpus:
                 if not self.health.healthy(uuid):
@@ -141,6 +144,19 @@ class Driver:
             if done is not None and done.state == PREPARED:
                 return Prepared(done.devices)
             return self._set_up(claim, shares, pod, containers)
+
+    def _check_opt_out(self, claim: Claim, shares: list[Share]) -> None:
+        """A share of a GPU is held to its quota: `preload: false` there is the operator's to allow (by
+        namespace, --allow-opt-out-namespaces), not the claim's. Refused rather than ignored: the claim's
+        author asked for something else, and the kubelet's event tells them why. Whole GPUs may opt out."""
+        if claim.namespace in self.opt_out_namespaces:
+            return
+        for share in shares:
+            if share.fractional and not share.preload:
+                raise ClaimError(f"ResourceClaim {claim.ref}, request {share.request!r}: {CONFIG_KIND}.preload false "
+                                 f"would run a share of GPU {share.gpus[0]} without its quota; namespace "
+                                 f"{claim.namespace!r} is not one the driver's --allow-opt-out-namespaces lists. "
+                                 "Remove `preload: false` (libvcuda is preloaded for you)")
 
     def _read(self, ref: ClaimRef) -> Claim:
         try:
@@ -228,7 +244,9 @@ class Driver:
         self.specs.write(done.uid, devices)
 
     def _ensure(self, done: PreparedClaim) -> None:
-        """A prepared claim's directories and CDI spec exist (made again when something removed them)."""
+        """A prepared claim's directories, quota files and CDI spec exist (made again when something removed
+        them, or when a driver from before quota files prepared it: the spec then gains their mount)."""
+        respec = False
         for s in done.shares:
             if not self.store.layout.container_dir(s.record.key).is_dir():
                 log.warning("claim %s: container directory %s was missing; making it again (empty ledger)",
@@ -236,7 +254,11 @@ class Driver:
                 with self.store.lock:
                     tenancy.set_up(self.store, self.schedulers, s.record,
                                    preload=s.record.extra.get("preload") != "0")
-        if not self.specs.exists(done.uid):
+            elif not (self.store.layout.quota_dir(s.record.key) / QUOTA_FILE).is_file():
+                log.info("claim %s: writing the quota file of %s (and its CDI spec) again", done.ref, s.record.key)
+                self.store.write_quota(s.record)
+                respec = True
+        if respec or not self.specs.exists(done.uid):
             log.info("claim %s: writing its CDI spec again", done.ref)
             self._write_spec(done)
 

@@ -7,7 +7,8 @@ Modules, one job each:
 
 - ``layout``     the state directory: per-GPU scheduler and per-container directories, ContainerRecord
 - ``containers`` create and remove a container's directory: its record, its ledger with the limits set,
-                 ld.so.preload; the paths the container sees them at
+                 its quota file (libvcuda's only source in the container), ld.so.preload; the paths
+                 the container sees them at
 - ``tenancy``    a shared-GPU container's set-up (directory and tenant, all or nothing) and the env and
                  mounts that put it into the container (vgpu Allocate and DRA prepare alike)
 - ``schedulers`` one token scheduler per GPU as a supervised child; add, update and remove tenants

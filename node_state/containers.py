@@ -1,15 +1,26 @@
 """Each allocated container's host directory (node_state.layout) and what
-goes in the container from it: the ledger and ``ld.so.preload`` (the record
-stays outside). The device plugin and the DRA driver mount these paths
-(node_state.tenancy); the container sees the same files whichever set it up.
+goes in the container from it: the ledger, the quota file and ``ld.so.preload``
+(the record stays outside). The device plugin and the DRA driver mount these
+paths (node_state.tenancy); the container sees the same files whichever set it up.
 
-Inside the container (**contract** with libvcuda's env):
+Inside the container (**contract** with libvcuda):
 
-    /run/vcuda/                   the container directory's shared/ part
-      ledger                      VCUDA_LEDGER
-      sched/sched.sock            VCUDA_SCHEDULER (the tenant's socket directory, mounted over)
+    /run/vcuda-quota/             read-only: the directory's quota/ part
+      quota.conf                  the quota (py_vcuda.quota_file): GPUs by UUID, memory per GPU,
+                                  core request/limit, priority, scheduler endpoint, ledger path.
+                                  libvcuda reads it first, at this fixed path, and then ignores the
+                                  VCUDA_* quota variables of the environment (a pod's spec sets those)
+    /run/vcuda/                   read-write: the directory's shared/ part
+      ledger                      the ledger the quota file names (also VCUDA_LEDGER)
+      sched/sched.sock            the scheduler endpoint the quota file names (also VCUDA_SCHEDULER;
+                                  the tenant's socket directory, mounted over)
     /usr/local/vcuda/lib/libvcuda.so   read-only
-    /etc/ld.so.preload            read-only, names the path above
+    /etc/ld.so.preload            read-only, names the path above (unless the operator let the
+                                  container opt out)
+
+The quota file is replaced atomically (a temporary file in quota/, then rename): the container
+sees the directory, so a process reads the old file or the new, never half of one. Live quota
+changes (annotations) rewrite it with the ledger.
 """
 
 from __future__ import annotations
@@ -24,8 +35,10 @@ from pathlib import Path
 
 from kube_contract.names import CORES_PER_GPU
 from node_state.layout import LEDGER_FILE, RECORD_FILE, ContainerRecord, LayoutError, NodeLayout
+from py_vcuda.files import write_atomic
 from py_vcuda.ledger import Ledger
 from py_vcuda.memory_reconciler import Account
+from py_vcuda.quota_file import QUOTA_FILE, GPUQuota, QuotaFile
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +54,20 @@ def shim_required(record: ContainerRecord) -> bool:
     """Whether every GPU process of the container must run under libvcuda (else it escapes its quota).
 
     A share of a GPU (fewer than 100 cores) does: its neighbours are protected by its quota only.
-    A whole card has no neighbour to protect. A device-plugin container whose preload was turned
-    off (record extra ``preload`` "0") runs without it on purpose; a DRA share with ``preload: false``
-    (extra ``driver``) still needs it: the container preloads libvcuda itself.
+    A whole card has no neighbour to protect. A container whose preload was turned off (record extra
+    ``preload`` "0": only in a namespace the operator's ``--allow-opt-out-namespaces`` lists, vgpu
+    ``VCUDA_DISABLE=1`` or DRA ``preload: false``) runs without it on purpose.
     """
-    opted_out = record.extra.get("preload") == "0" and "driver" not in record.extra
+    opted_out = record.extra.get("preload") == "0"
     return record.mode == "vgpu" and record.core_request < CORES_PER_GPU and not opted_out
+
+
+def quota_of(record: ContainerRecord) -> QuotaFile:
+    """The quota file of a container (container paths): what libvcuda holds its processes to."""
+    scheduler = CONTAINER_SCHEDULER if record.tenant else ""   # a tenant is a share of its one GPU
+    return QuotaFile(ledger=str(CONTAINER_LEDGER), core_request=record.core_request, core_limit=record.core_limit,
+                     priority=record.priority,
+                     gpus=tuple(GPUQuota(uuid, record.memory_limit, scheduler) for uuid in record.gpus))
 
 
 def new_key() -> str:
@@ -129,16 +150,30 @@ class ContainerStore:
             # umask cut libvcuda's 0666 at creation. The mount is the access control, as for the
             # tenant socket: only this container sees the file.
             os.chmod(path, 0o666)
+            self.write_quota(record)
         if preload:
             (directory / PRELOAD_FILE).write_text(f"{CONTAINER_LIB}\n")
         return directory
 
-    def set_memory_limit(self, record: ContainerRecord) -> None:
+    def write_quota(self, record: ContainerRecord) -> Path:
+        """Write (or replace) the container's quota file atomically; readable by every uid, writable by none
+        of the container's (the directory is mounted read-only)."""
+        directory = self.layout.quota_dir(record.key)
+        directory.mkdir(mode=0o755, exist_ok=True)
+        path = directory / QUOTA_FILE
+        write_atomic(path, quota_of(record).render().encode(), mode=0o644)
+        os.chmod(path, 0o644)   # our umask may have cut the mode at creation
+        return path
+
+    def set_quota(self, record: ContainerRecord) -> None:
+        """A live quota change: the ledger's pinned memory limits and the quota file follow the record."""
         path = self.layout.ledger_path(record.key)
-        if path.exists():
-            with Ledger(path) as book:
-                for uuid in record.gpus:
-                    book.set_limit(uuid, record.memory_limit)
+        if not path.exists():
+            return   # the container is going (or not set up by us): nothing to change
+        with Ledger(path) as book:
+            for uuid in record.gpus:
+                book.set_limit(uuid, record.memory_limit)
+        self.write_quota(record)
 
     def remove(self, key: str) -> None:
         shutil.rmtree(self.layout.container_dir(key), ignore_errors=True)

@@ -12,11 +12,14 @@ cannot drift apart.
       containers/<container-key>/       one per allocated container (the agent's)
         container.json                  ContainerRecord (below)
         ld.so.preload                   mounted read-only over the container's /etc/ld.so.preload
+        quota/                          mounted read-only into the container (/run/vcuda-quota)
+          quota.conf                    the container's quota, libvcuda's only source (py_vcuda.quota_file)
         shared/                         mounted read-write into the container (/run/vcuda)
           ledger                        the container's VCUDA_LEDGER
 
 Only shared/ is writable from the container: the record, which the agent
-trusts when it reconciles quotas and removes tenants, stays out of its reach.
+trusts when it reconciles quotas and removes tenants, and the quota file, which
+libvcuda trusts over the environment, stay out of its reach.
 
 Unix socket paths must stay within 107 bytes, so keys are short: a GPU key is
 10 hex digits of a hash of its UUID, a tenant name at most 24 characters.
@@ -35,6 +38,7 @@ DEFAULT_STATE_DIR = Path("/var/lib/vcuda")
 RECORD_FILE = "container.json"
 LEDGER_FILE = "ledger"
 SHARED_DIR = "shared"
+QUOTA_DIR = "quota"
 RECORD_FORMAT = 1
 MODES = ("vgpu", "pgpu", "mps")
 # ContainerRecord.extra key: the run's scheduler directory, which is not under the layout's sched/
@@ -144,6 +148,10 @@ class NodeLayout:
 
     def ledger_path(self, key: str) -> Path:
         return ledger_in(self.container_dir(key))
+
+    def quota_dir(self, key: str) -> Path:
+        """The part of a container's directory mounted read-only into the container: its quota file."""
+        return self.container_dir(key) / QUOTA_DIR
 
     def write_record(self, record: ContainerRecord) -> Path:
         """Create the container's directory (with its shared/ part) and write its record atomically."""

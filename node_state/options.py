@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,25 @@ def reconcile_interval(text: str) -> float:
     return value
 
 
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class NameSet(frozenset[str]):
+    """A set of names that prints as the comma list it was given as (in --help, in logs)."""
+
+    def __str__(self) -> str:
+        return ",".join(sorted(self)) or "''"
+
+
+def namespace_list(text: str) -> NameSet:
+    """A comma list of Kubernetes namespace names ('' : none)."""
+    names = NameSet(filter(None, (p.strip() for p in text.split(","))))
+    for name in sorted(names):
+        if not _NAMESPACE.match(name):
+            raise ValueError(f"{name!r} is not a namespace name (lower-case letters, digits and '-')")
+    return names
+
+
 def positive_number(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -101,6 +121,14 @@ GUARD_OPTIONS: tuple[Option, ...] = (
            "memory reconciler passes running: report (log, GPUQuotaOverLimit Event, "
            "vcuda_quota_over_limit_total) or kill (also SIGKILL its processes on that GPU)"),
 )
+
+
+# Both node daemons (device plugin, DRA driver) take it: who may run a share of a GPU without libvcuda.
+ALLOW_OPT_OUT_NAMESPACES = Option(
+    "allow_opt_out_namespaces", NameSet(), namespace_list,
+    "comma list of namespaces whose pods may opt a share of a GPU out of libvcuda's preload (vgpu: "
+    "VCUDA_DISABLE=1 in the container's env; DRA: GpuShareConfig preload: false). Elsewhere the request is "
+    "ignored (vgpu, with a warning) or refused (DRA). Whole GPUs may always opt out ('' : no namespace)")
 
 
 @dataclass(frozen=True)
@@ -171,6 +199,8 @@ class OptionTable:
             if value is None:
                 values[option.name] = option.default
                 continue
+            if isinstance(value, list):   # a YAML/JSON list for a comma-list option
+                value = ",".join(str(v) for v in value)
             try:
                 values[option.name] = option.parse(str(value))
             except ValueError as exc:

@@ -1,5 +1,5 @@
-"""A shared-GPU container's node side: its directory (record, ledger, preload file), its
-token-scheduler tenant, and the environment and mounts that put them into the container.
+"""A shared-GPU container's node side: its directory (record, ledger, quota file, preload
+file), its token-scheduler tenant, and the environment and mounts that put them into the container.
 
 vgpu Allocate (device_plugin.vgpu) and the DRA driver's prepare (dra_driver.driver)
 both set containers up through `set_up` and describe them through `injection`, so
@@ -9,8 +9,14 @@ of them made it. What goes in the container (**contract** with libvcuda's env):
     NVIDIA_VISIBLE_DEVICES   the record's GPUs
     VCUDA_CORE_REQUEST/_LIMIT, VCUDA_MEMORY_LIMIT (when limited), VCUDA_LEDGER
     VCUDA_SCHEDULER          when the container is a tenant (a share of one GPU)
-    mounts: the directory's shared/ part, libvcuda, the tenant's socket directory,
-            and /etc/ld.so.preload unless the container opted out
+    mounts: the directory's quota/ part (read-only, /run/vcuda-quota), its shared/ part,
+            libvcuda, the tenant's socket directory, and /etc/ld.so.preload unless the
+            operator let the container opt out (device_plugin.vgpu, dra_driver.driver)
+
+The quota file is what libvcuda holds the container to; the VCUDA_* variables say
+the same for tools that read the environment (and for a libvcuda from before the
+file), but a pod's own env comes after them and libvcuda ignores them when the file
+is there.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from node_state.containers import (
 )
 from node_state.layout import ContainerRecord, NodeLayout
 from node_state.schedulers import SchedulerError, TokenScheduler
+from py_vcuda.quota_file import CONTAINER_QUOTA_DIR
 
 PRELOAD_TARGET = Path("/etc/ld.so.preload")
 
@@ -93,7 +100,8 @@ def injection(layout: NodeLayout, record: ContainerRecord, tenant: Path | None, 
     }
     if record.memory_limit is not None:
         env["VCUDA_MEMORY_LIMIT"] = str(record.memory_limit)
-    mounts = [Mount(layout.shared_dir(record.key), CONTAINER_DIR, read_only=False),
+    mounts = [Mount(layout.quota_dir(record.key), CONTAINER_QUOTA_DIR, read_only=True),
+              Mount(layout.shared_dir(record.key), CONTAINER_DIR, read_only=False),
               Mount(host_lib, CONTAINER_LIB, read_only=True)]
     if tenant is not None:
         env["VCUDA_SCHEDULER"] = CONTAINER_SCHEDULER

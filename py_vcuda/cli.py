@@ -90,7 +90,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from py_vcuda.container_check import container_report, in_container
     from py_vcuda.doctor import report
 
-    # Inside a vgpu container (the node agent set VCUDA_LEDGER): are this container's quotas in force?
+    # Inside a vgpu container (its quota file, or VCUDA_LEDGER): are this container's quotas in force?
     lines, status = container_report() if in_container(os.environ) else report(simulate=args.simulate)
     print("\n".join(lines))
     return status

@@ -1,8 +1,18 @@
 """`vcuda doctor` inside a vgpu container: are this container's quotas in force?
 
-The node agent gives a vgpu container VCUDA_LEDGER (and VCUDA_SCHEDULER when it
-has a compute share), so their presence says where we are. Four checks, one
-line each, each saying what is wrong and what it costs:
+The node agent gives a vgpu or DRA container its quota file, read-only at
+/run/vcuda-quota (py_vcuda.quota_file), and VCUDA_LEDGER (and VCUDA_SCHEDULER
+when it has a compute share); either says where we are. When the quota
+directory is there the file is the only source of the quota, as for libvcuda:
+two lines first say so —
+
+- quota: the file, and the quota it holds (or why it cannot be used: then
+  libvcuda refuses CUDA in this container, it never runs unlimited);
+- ignored: the VCUDA_* quota variables set in this environment, which
+  libvcuda ignores (a pod's spec may set them; they change nothing);
+
+and the checks below read the ledger, scheduler and limits from the file. Four
+checks, one line each, each saying what is wrong and what it costs:
 
 - preload: libvcuda is loaded into this very process (through /etc/ld.so.preload
   or LD_PRELOAD), so every CUDA program started here is under the shim;
@@ -22,6 +32,7 @@ from pathlib import Path
 
 from py_vcuda import native
 from py_vcuda.quantity import QuantityError, format_bytes, parse_quantity
+from py_vcuda.quota_file import CONTAINER_QUOTA_DIR, QUOTA_FILE, QuotaFile, QuotaFileError, ignored_env, read
 
 PING_TIMEOUT_MS = 1000
 
@@ -36,8 +47,46 @@ class Check:
         return f"{'ok  ' if self.ok else 'FAIL'}  {self.name}: {self.text}"
 
 
-def in_container(env: Mapping[str, str]) -> bool:
-    return "VCUDA_LEDGER" in env or "VCUDA_SCHEDULER" in env
+def in_container(env: Mapping[str, str], quota_dir: Path = CONTAINER_QUOTA_DIR) -> bool:
+    return quota_dir.is_dir() or "VCUDA_LEDGER" in env or "VCUDA_SCHEDULER" in env
+
+
+def describe_quota(q: QuotaFile) -> str:
+    gpus = "; ".join(f"{g.uuid} memory {'unlimited' if g.memory is None else format_bytes(g.memory)}, "
+                     f"{'scheduler ' + g.scheduler if g.scheduler else 'no scheduler'}" for g in q.gpus)
+    return (f"cores {q.core_request}% guaranteed, at most {q.core_limit}%, priority {q.priority}; ledger {q.ledger}; "
+            f"{len(q.gpus)} GPU(s): {gpus}; other GPUs are refused")
+
+
+def quota_env(q: QuotaFile, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment as libvcuda sees it under the quota file: the ignored variables gone, the file's
+    values in their place (so the checks below read what is in force)."""
+    out = {k: v for k, v in env.items() if k not in ignored_env(env)}
+    out["VCUDA_LEDGER"] = q.ledger
+    out["VCUDA_CORE_REQUEST"] = str(q.core_request)
+    out["VCUDA_CORE_LIMIT"] = str(q.core_limit)
+    scheduler = next((g.scheduler for g in q.gpus if g.scheduler), "")
+    if scheduler:
+        out["VCUDA_SCHEDULER"] = scheduler
+    memories = {g.memory for g in q.gpus}
+    if len(memories) == 1 and None not in memories:
+        out["VCUDA_MEMORY_LIMIT"] = str(memories.pop())
+    return out
+
+
+def quota_source(env: Mapping[str, str], quota_dir: Path) -> tuple[list[Check], dict[str, str] | None]:
+    """The quota and ignored lines, and the environment libvcuda goes by (None: the file cannot be used)."""
+    path = quota_dir / QUOTA_FILE
+    try:
+        q = read(path)
+    except QuotaFileError as exc:
+        return [Check("quota", False, f"{exc}: libvcuda refuses CUDA in this container (it fails closed, never "
+                      "unlimited); the node agent writes this file, ask the cluster's operator")], None
+    ignored = ignored_env(env)
+    said = ", ".join(f"{k}={env[k]!r}" for k in ignored) if ignored else "none set"
+    return [Check("quota", True, f"from {path} (the node's, read-only): {describe_quota(q)}"),
+            Check("ignored", True, f"VCUDA_* quota variables in this environment: {said}; the quota file is the "
+                  "only source")], quota_env(q, env)
 
 
 def check_preload(env: Mapping[str, str], maps: Path = Path("/proc/self/maps")) -> Check:
@@ -129,8 +178,15 @@ def check_limits(env: Mapping[str, str]) -> Check:
     return Check("limits", True, f"{shown}; {cores}")
 
 
-def container_report(env: Mapping[str, str] | None = None) -> tuple[list[str], int]:
+def container_report(env: Mapping[str, str] | None = None,
+                     quota_dir: Path = CONTAINER_QUOTA_DIR) -> tuple[list[str], int]:
     """One line per check and the exit status (1 when one fails)."""
     env = os.environ if env is None else env
-    checks = [check_preload(env), check_ledger(env), check_scheduler(env), check_limits(env)]
+    checks: list[Check] = []
+    if quota_dir.is_dir():
+        checks, in_force = quota_source(env, quota_dir)
+        if in_force is None:
+            return [c.line() for c in checks], 1
+        env = in_force
+    checks += [check_preload(env), check_ledger(env), check_scheduler(env), check_limits(env)]
     return [c.line() for c in checks], 0 if all(c.ok for c in checks) else 1

@@ -43,6 +43,12 @@ BuildC = Callable[..., Path]
 
 
 @pytest.fixture(scope="session")
+def cuprobe_exe(build_c: BuildC) -> Path:
+    """cuprobe (tests/c/cuprobe.c), the simulated CUDA program the container tests run."""
+    return build_c(["cuprobe.c"])
+
+
+@pytest.fixture(scope="session")
 def build_c(tmp_path_factory: pytest.TempPathFactory) -> BuildC:
     """Compile a C test program once per session; returns the executable's path.
 

@@ -23,7 +23,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 PY_VCUDA_CORE = {"__init__", "_native", "native", "quantity", "ledger", "nvml", "sim", "gpu", "probe", "procfs",
-                 "memory_reconciler", "environ", "files"}
+                 "memory_reconciler", "environ", "files", "quota_file"}
 PY_VCUDA_COMMANDS = {"launch", "top", "demo", "doctor", "container_check"}
 PY_VCUDA_DISPATCHER = {"cli", "__main__"}
 

@@ -134,6 +134,17 @@ def test_mps_daemon_per_gpu_env_and_supervision(agent_factory, kubelet, dp, fake
     assert not any(d.alive() for d in daemons.values())
 
 
+def test_mps_names_its_gpu_by_the_device_list_strategy(agent_factory, kubelet, dp, fake_mps):
+    agent_factory("mps", gpus=1, mps_control=str(fake_mps), device_list_strategy="volume-mounts,cdi-cri")
+    a = dp.gpu(0).uuid
+    resp = kubelet.allocate(MPS, [f"{a}::{i}" for i in range(25)]).container_responses[0]
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
+    assert resp.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert [(m.host_path, m.container_path) for m in resp.mounts][1:] == [
+        ("/dev/null", f"/var/run/nvidia-container-devices/{a}")]
+    assert [d.name for d in resp.cdi_devices] == [f"nvidia.com/gpu={a}"]
+
+
 def test_mps_daemon_that_cannot_start_is_retried(agent_factory, kubelet, dp, short_dir):
     broken = short_dir / "broken-mps"
     broken.write_text("#!/bin/sh\necho 'no GPU here' >&2\nexit 3\n")

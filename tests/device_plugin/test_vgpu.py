@@ -14,6 +14,7 @@ import pytest
 from device_plugin.pods import StaticPods
 from kube_contract.names import MEMORY_UNIT_BYTES
 from node_state.layout import ContainerRecord
+from py_vcuda import quota_file
 from py_vcuda.ledger import Ledger
 
 CORE = "tencent.com/vcuda-core"
@@ -71,12 +72,19 @@ def test_fractional_allocate_on_single_gpu_without_extender(agent_factory, kubel
     sched = agent.layout.scheduler_dir(uuid) / "tenants" / rec.tenant
     mounts = {m.container_path: (m.host_path, m.read_only) for m in resp.mounts}
     assert mounts == {
+        "/run/vcuda-quota": (str(directory / "quota"), True),
         "/run/vcuda": (str(directory / "shared"), False),
         "/run/vcuda/sched": (str(sched), False),
         "/usr/local/vcuda/lib/libvcuda.so": (str(agent.config.host_lib_dir / "libvcuda.so"), True),
         "/etc/ld.so.preload": (str(directory / "ld.so.preload"), True),
     }
     assert (directory / "ld.so.preload").read_text() == "/usr/local/vcuda/lib/libvcuda.so\n"
+    # the node's word, read-only in the container: the same quota as the record, by container paths
+    assert quota_file.read(directory / "quota" / "quota.conf") == quota_file.QuotaFile(
+        ledger="/run/vcuda/ledger", core_request=30, core_limit=50, priority="normal",
+        gpus=(quota_file.GPUQuota(uuid, 4 * MEMORY_UNIT_BYTES, "ipc:///run/vcuda/sched/sched.sock"),))
+    assert ((directory / "quota").stat().st_mode & 0o777, (directory / "quota" / "quota.conf").stat().st_mode
+            & 0o777) == (0o755, 0o644)
     # what the container may write holds its ledger and nothing the agent trusts (its record, the preload)
     assert sorted(p.name for p in (directory / "shared").iterdir()) == ["ledger"]
     assert (sched / "sched.sock").exists()
@@ -87,11 +95,22 @@ def test_fractional_allocate_on_single_gpu_without_extender(agent_factory, kubel
     assert kubelet.allocate(MEMORY, ids(uuid, 4)).container_responses[0] == type(resp)()
 
 
-def test_vcuda_disable_skips_preload(agent_factory, kubelet, dp):
-    agent_factory("vgpu", pods=StaticPods([dp.pod("p1", cores=20, env={"VCUDA_DISABLE": "1"})]))
-    resp = kubelet.allocate(CORE, ids(dp.gpu(0).uuid, 20)).container_responses[0]
+@pytest.mark.parametrize(("cores", "allowed", "preloaded"), [
+    (20, "", True),                  # a share of a GPU: the pod's VCUDA_DISABLE is ignored
+    (20, "other,team-b", True),      # ... unless its namespace is listed
+    (20, "default", False),
+    (100, "", False),                # whole GPUs may opt out as before
+])
+def test_vcuda_disable_opts_out_only_where_the_operator_allows(agent_factory, kubelet, dp, caplog, cores, allowed,
+                                                                preloaded):
+    agent_factory("vgpu", pods=StaticPods([dp.pod("p1", cores=cores, env={"VCUDA_DISABLE": "1"})]),
+                  allow_opt_out_namespaces=allowed)
+    resp = kubelet.allocate(CORE, ids(dp.gpu(0).uuid, cores)).container_responses[0]
     paths = {m.container_path for m in resp.mounts}
-    assert "/etc/ld.so.preload" not in paths and "/run/vcuda" in paths
+    assert ("/etc/ld.so.preload" in paths) == preloaded
+    assert {"/run/vcuda", "/run/vcuda-quota"} <= paths   # the quota file is there either way
+    ignored = [r for r in caplog.records if "sets VCUDA_DISABLE=1 on a share of a GPU: ignored" in r.getMessage()]
+    assert len(ignored) == (1 if cores < 100 and preloaded else 0)
 
 
 def test_whole_cards_are_unthrottled(agent_factory, kubelet, dp):
@@ -107,6 +126,9 @@ def test_whole_cards_are_unthrottled(agent_factory, kubelet, dp):
     (rec,) = records(agent)
     assert rec.tenant is None and rec.pod == "big"
     assert tenants(agent, a) == {} and tenants(agent, b) == {}
+    # injected whole cards get a quota file too: their GPUs named (others refused), no scheduler, no limit
+    assert quota_file.read(agent.layout.quota_dir(rec.key) / "quota.conf").gpus == (
+        quota_file.GPUQuota(a, None, ""), quota_file.GPUQuota(b, None, ""))
 
 
 def test_preferred_keeps_a_share_on_one_gpu_best_fit(agent_factory, kubelet, dp):
@@ -197,6 +219,9 @@ def test_live_quota_change_and_cleanup(agent_factory, kubelet, dp):
     dp.wait_for(lambda: agent.layout.read_record(rec.key).memory_limit == 2 << 30, what="record update")
     with Ledger(agent.layout.ledger_path(rec.key)) as book:
         assert book.devices()[0].limit == 2 << 30
+    # the quota file follows (the record is written after it)
+    live = quota_file.read(agent.layout.quota_dir(rec.key) / "quota.conf")
+    assert (live.core_request, live.core_limit, live.gpus[0].memory) == (30, 80, 2 << 30)
     pods.pods.clear()   # the pod is deleted
     dp.wait_for(lambda: not agent.layout.container_dir(rec.key).exists(), what="cleanup")
     assert tenants(agent, uuid) == {}
@@ -212,6 +237,7 @@ def test_priority_annotation_at_allocate_and_live(agent_factory, kubelet, dp):
     p["metadata"]["annotations"]["vcuda.io/priority"] = "normal"
     dp.wait_for(lambda: priorities(agent, uuid) == {rec.tenant: "normal"}, what="live priority update")
     dp.wait_for(lambda: agent.layout.read_record(rec.key).priority == "normal", what="record update")
+    assert quota_file.read(agent.layout.quota_dir(rec.key) / "quota.conf").priority == "normal"
     p["metadata"]["annotations"]["vcuda.io/priority"] = "asap"   # refused: the current one is kept
     time.sleep(0.5)
     assert priorities(agent, uuid) == {rec.tenant: "normal"}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from dra_driver import testing as t
 from dra_driver.names import DRIVER, REGISTRATION_SOCKET, SUPPORTED_VERSIONS
 from node_state.layout import ContainerRecord
 from node_state.testing import gpu, inventory, wait_for
+from py_vcuda import quota_file
 from py_vcuda.sim import GiB, MiB
 
 NODE = t.NODE
@@ -137,6 +139,7 @@ def test_share_claim_gets_env_mounts_and_a_cdi_spec(agent_factory, kubelet, api)
                    "VCUDA_SCHEDULER": "ipc:///run/vcuda/sched/sched.sock"}
     layout = agent.layout
     assert mounts == {
+        "/run/vcuda-quota": (str(layout.quota_dir(record.key)), ["ro", "nosuid", "nodev", "bind"]),
         "/run/vcuda": (str(layout.shared_dir(record.key)), ["rw", "nosuid", "nodev", "bind"]),
         "/usr/local/vcuda/lib/libvcuda.so": (str(agent.config.host_lib_dir / "libvcuda.so"),
                                              ["ro", "nosuid", "nodev", "bind"]),
@@ -147,6 +150,10 @@ def test_share_claim_gets_env_mounts_and_a_cdi_spec(agent_factory, kubelet, api)
     }
     for host, _ in mounts.values():
         assert Path(host).exists(), host
+    # the same quota file as a vgpu container's, by container paths
+    assert quota_file.read(layout.quota_dir(record.key) / "quota.conf") == quota_file.QuotaFile(
+        ledger="/run/vcuda/ledger", core_request=30, core_limit=50, priority="high",
+        gpus=(quota_file.GPUQuota(UUID0, 8 * GiB, "ipc:///run/vcuda/sched/sched.sock"),))
     # the record: the same layout as a vgpu container, named after the claim's pod and its container
     assert (record.mode, record.resource, record.gpus) == ("vgpu", DRIVER, (UUID0,))
     assert (record.core_request, record.core_limit, record.memory_limit) == (30, 50, 8 * GiB)
@@ -352,6 +359,24 @@ def test_a_missing_container_directory_is_made_again(agent_factory, kubelet, api
     assert entry(kubelet.prepare(claim), claim) == first
     assert [r.key for r in agent.store.records()] == [record.key]
     assert agent.layout.ledger_path(record.key).exists()
+    assert (agent.layout.quota_dir(record.key) / "quota.conf").exists()
+
+
+def test_a_claim_prepared_before_quota_files_gets_one_and_its_spec_the_mount(agent_factory, kubelet, api):
+    agent = agent_factory()
+    claim = api.put("resourceclaims", t.claim("c", NODE, [t.share(NODE, 0, 30, 4 * GiB)]))
+    first = entry(kubelet.prepare(claim), claim)
+    (record,) = agent.store.records()
+    # what a driver from before quota files left: no quota directory, a spec without its mount
+    shutil.rmtree(agent.layout.quota_dir(record.key))
+    spec = cdi_spec(agent, claim)
+    spec["devices"][0]["containerEdits"]["mounts"] = [
+        m for m in spec["devices"][0]["containerEdits"]["mounts"] if m["containerPath"] != "/run/vcuda-quota"]
+    agent.driver.specs.path(claim["metadata"]["uid"]).write_text(json.dumps(spec))
+    assert entry(kubelet.prepare(claim), claim) == first
+    assert quota_file.read(agent.layout.quota_dir(record.key) / "quota.conf").gpus[0].memory == 4 * GiB
+    _, mounts = edits(cdi_spec(agent, claim))
+    assert mounts["/run/vcuda-quota"] == (str(agent.layout.quota_dir(record.key)), ["ro", "nosuid", "nodev", "bind"])
 
 
 def test_dra_containers_appear_in_the_node_snapshot(agent_factory, kubelet, api, short_dir):
@@ -377,3 +402,26 @@ def test_dra_containers_appear_in_the_node_snapshot(agent_factory, kubelet, api,
                                                                          "vgpu")
     assert (c.core_request, c.memory_limit) == (0.25, 2 * GiB)
     assert c.tenant_stats is not None          # the GPU's token scheduler answered for the tenant
+
+
+@pytest.mark.parametrize(("namespace", "allowed", "device", "refused"), [
+    ("default", "", "share", True),            # a share of a GPU: not the claim's to opt out of
+    ("default", "batch,default", "share", False),
+    ("batch", "default", "share", True),
+    ("default", "", "whole", False),           # whole GPUs may go without the preload as before
+])
+def test_preload_false_on_a_share_needs_an_allowed_namespace(agent_factory, kubelet, api, namespace, allowed,
+                                                             device, refused):
+    agent = agent_factory(config={"allow_opt_out_namespaces": allowed} if allowed else {})
+    result = t.share(NODE, 0, 30, 4 * GiB) if device == "share" else t.whole(NODE, 0)
+    claim = api.put("resourceclaims", t.claim("c", NODE, [result], namespace=namespace,
+                                              config=[t.share_config(preload=False)]))
+    error = entry(kubelet.prepare(claim), claim).error
+    if refused:
+        assert "GpuShareConfig.preload false would run a share of GPU" in error, error
+        assert "--allow-opt-out-namespaces" in error and "\n" not in error
+        assert list(agent.store.records()) == [] and not agent.driver.specs.exists(claim["metadata"]["uid"])
+        return
+    assert error == ""
+    _, mounts = edits(cdi_spec(agent, claim))
+    assert "/etc/ld.so.preload" not in mounts and "/run/vcuda-quota" in mounts

@@ -197,8 +197,8 @@ def test_a_container_over_its_limit(children: Children, fake_proc: FakeProc, nvm
 @pytest.mark.parametrize(("cores", "extra", "required"), [
     (30, {"preload": "1"}, True),                        # a share of a GPU
     (100, {"preload": "1"}, False),                      # a whole card: no neighbour to protect
-    (30, {"preload": "0"}, False),                       # device plugin, preload turned off
-    (30, {"preload": "0", "driver": "gpu.vcuda.io"}, True),   # DRA preload: false: the container preloads it
+    (30, {"preload": "0"}, False),                       # device plugin, opted out in an allowed namespace
+    (30, {"preload": "0", "driver": "gpu.vcuda.io"}, False),  # DRA preload: false, likewise
 ])
 def test_which_containers_need_the_shim(cores: int, extra: dict[str, str], required: bool) -> None:
     r = record("c1", "GPU-x", cores)

@@ -49,10 +49,10 @@ from typing import Any
 from device_plugin.device_list import DEFAULT, ENVVAR, strategy_list
 from node_state.layout import MODES
 from node_state.options import (
+    ALLOW_OPT_OUT_NAMESPACES,
     GUARD_OPTIONS,
     KILL,
     REPORT,
-    ALLOW_OPT_OUT_NAMESPACES,
     ConfigError,
     Option,
     OptionTable,

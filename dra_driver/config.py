@@ -33,10 +33,10 @@ from pathlib import Path
 
 from dra_driver.names import DEFAULT_CDI_DIR, DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
 from node_state.options import (
+    ALLOW_OPT_OUT_NAMESPACES,
     GUARD_OPTIONS,
     KILL,
     REPORT,
-    ALLOW_OPT_OUT_NAMESPACES,
     ConfigError,
     Option,
     OptionTable,

@@ -30,6 +30,8 @@ Environment variables (all optional):
 ``VCUDA_PLUGIN_LOG_LEVEL``         debug, info, warning, error
 ``VCUDA_PLUGIN_MEMORY_RECONCILE_S`` seconds between memory reconciler passes (0.5, at most 1)
 ``VCUDA_PLUGIN_HOST_PROC``         the host's /proc (/proc: the agent runs with hostPID)
+``VCUDA_PLUGIN_MIG_STRATEGY``      none, single or mixed (pgpu mode; NVIDIA's names)
+``VCUDA_PLUGIN_MIG_CONFIG``        mig-parted layouts file, applied by node label (pgpu mode)
 =================================  ===========================================
 """
 
@@ -48,6 +50,7 @@ from node_state.options import (
     Option,
     OptionTable,
     log_level,
+    mig_strategy,
     port_number,
     positive_number,
     reconcile_interval,
@@ -101,6 +104,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("memory_reconcile_s", 0.5, reconcile_interval,
            "seconds between memory reconciler passes (NVML per-process use vs ledgers), at most 1"),
     Option("host_proc", Path("/proc"), Path, "the host's /proc, to map NVML's host pids to containers"),
+    Option("mig_strategy", "none", mig_strategy,
+           "pgpu mode: how MIG devices are offered: none (whole GPUs without MIG mode), single (MIG devices "
+           "as nvidia.com/gpu, one profile on the node) or mixed (nvidia.com/mig-<profile> per profile)"),
+    Option("mig_config", None, Path,
+           "pgpu mode: mig-parted layouts file (version v1, mig-configs); the agent applies the layout the "
+           "Node's label nvidia.com/mig.config names ('' or unset: no layouts)"),
 )
 
 
@@ -125,6 +134,8 @@ class PluginConfig:
     log_level: str
     memory_reconcile_s: float = 0.5
     host_proc: Path = Path("/proc")
+    mig_strategy: str = "none"
+    mig_config: Path | None = None
 
 
 TABLE = OptionTable(OPTIONS, ENV_PREFIX, {"node_name": "NODE_NAME"})
@@ -145,6 +156,11 @@ def _config(values: dict[str, Any]) -> PluginConfig:
         values["node_name"] = os.uname().nodename
     if str(values["features_file"]) in ("", "."):
         values["features_file"] = None
+    if str(values["mig_config"]) in ("", ".", "None"):
+        values["mig_config"] = None
+    if values["mode"] != "pgpu" and (values["mig_strategy"] != "none" or values["mig_config"] is not None):
+        raise ConfigError(f"--mig-strategy/--mig-config: MIG devices are offered in pgpu mode only (mode "
+                          f"{values['mode']}: GPUs in MIG mode are not offered until vGPU shares of MIG exist)")
     names = {f.name for f in fields(PluginConfig)}
     return PluginConfig(**{k: v for k, v in values.items() if k in names})
 

@@ -15,6 +15,7 @@ the DRA driver (dra_driver.kube):
   ``application/merge-patch+json`` and merges metadata annotations and labels (null
   deletes), after a ``metadata.uid`` precondition when the patch carries one.
 - POST /api/v1/namespaces/NS/pods/NAME/binding sets ``spec.nodeName`` once.
+- POST /api/v1/namespaces/NS/events creates an Event (409 when the name is taken); GET lists them.
 - resource.k8s.io/v1: GET /apis/resource.k8s.io/v1/namespaces/NS/resourceclaims/NAME;
   /apis/resource.k8s.io/v1/resourceslices: GET (list, ``fieldSelector``), POST (create: 409
   when the name is taken), and per NAME GET, PUT (replace: 409 unless ``metadata.resourceVersion``
@@ -202,7 +203,8 @@ class FakeApiServer:
             self.lock.notify_all()
 
 
-KINDS = {"nodes": "Node", "pods": "Pod", "resourceclaims": "ResourceClaim", "resourceslices": "ResourceSlice"}
+KINDS = {"nodes": "Node", "pods": "Pod", "events": "Event", "resourceclaims": "ResourceClaim",
+         "resourceslices": "ResourceSlice"}
 CLUSTER_SCOPED = ("nodes", "resourceslices")
 RESOURCE_API = "resource.k8s.io/v1"
 
@@ -224,6 +226,8 @@ def _route(path: str) -> tuple[str, str | None, str | None] | None:
             return kind, None, None
         case ["api", "v1", "nodes", name]:
             return "nodes", name, None
+        case ["api", "v1", "namespaces", _namespace, "events"]:
+            return "events", None, None
         case ["api", "v1", "namespaces", namespace, "pods", name]:
             return "pods", f"{namespace}/{name}", None
         case ["api", "v1", "namespaces", namespace, "pods", name, sub]:
@@ -314,7 +318,7 @@ class _Handler(BaseHTTPRequestHandler):
                 response = self._patch(kind, key, content_type, body or {})
             case _, "POST", ("pods", str(key), "binding"):
                 response = self._bind(key, body or {})
-            case _, "POST", ("resourceslices" as kind, None, None):
+            case _, "POST", (("resourceslices" | "events") as kind, None, None):
                 response = self._create(kind, body or {})
             case _, "PUT", ("resourceslices" as kind, str(key), None):
                 response = self._replace(kind, key, body or {})

@@ -211,6 +211,8 @@ def test_init_step_refuses_a_library_with_more_dependencies(tmp_path: Path) -> N
 # `api.<verb>_<kind>(...)`: the kubernetes client's CoreV1Api calls in the agent's code.
 API_CALL = re.compile(r"\bapi\.(list|read|patch|create|delete|replace)_(\w+?)\(([^()]*)\)", re.S)
 API_RESOURCE = {"pod": "pods", "node": "nodes", "event": "events", "pod_binding": "pods/binding"}
+# `api.list_<kind>` handed (not called) to kube_contract.apiclient.ListWatch, which lists and watches with it.
+LIST_WATCH = re.compile(r"\bapi\.list_(\w+)\b(?!\()")
 
 
 def agent_api_calls() -> set[tuple[str, str]]:
@@ -223,6 +225,10 @@ def agent_api_calls() -> set[tuple[str, str]]:
             used.add((resource, "get" if verb == "read" else verb))
             if verb == "list" and "watch=True" in args:
                 used.add((resource, "watch"))
+        for kind in LIST_WATCH.findall(path.read_text()):
+            resource = kind.replace("namespaced_", "").replace("_for_all_namespaces", "")
+            resource = API_RESOURCE.get(resource, resource)
+            used |= {(resource, "list"), (resource, "watch")}
     return used
 
 

@@ -131,10 +131,11 @@ def agent_factory(short_dir: Path, kubelet: TestKubelet) -> Iterator[Callable[..
 
     def make(mode: str = "vgpu", gpus: int = 1, pods: Any = None, inv: Inventory | None = None,
              health_factory: Any = None, pod_watch: Any = None, patch_node: Any = None,
-             nvml: Any = None, **overrides: Any) -> Agent:
+             nvml: Any = None, mig_node: Any = None, **overrides: Any) -> Agent:
         cfg = plugin_config(short_dir, mode, **overrides)
         agent = Agent(cfg, inventory=inv or inventory(gpus), pods=pods if pods is not None else StaticPods(),
-                      nvml=nvml, health_factory=health_factory, pod_watch=pod_watch, patch_node=patch_node)
+                      nvml=nvml, health_factory=health_factory, pod_watch=pod_watch, patch_node=patch_node,
+                      mig_node=mig_node)
         agent.start()
         started.append(agent)
         return agent

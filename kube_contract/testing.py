@@ -171,6 +171,15 @@ class FakeApiServer:
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}]}))
         return path
 
+    def core_v1(self) -> Any:
+        """A kubernetes CoreV1Api on this server (no retries: a test sees each failure)."""
+        from kubernetes import client
+
+        cfg = client.Configuration()
+        cfg.host = self.url
+        cfg.retries = False
+        return client.CoreV1Api(client.ApiClient(cfg))
+
     def put(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Store (add or replace) a copy of ``obj`` with the next resourceVersion; returns the copy."""
         with self.lock:

@@ -38,12 +38,10 @@ import yaml
 from py_vcuda.nvml import GPUInfo, MigDevice, MigPlacement, MigProfile, ProcessMemory
 
 __all__ = ["MigDevice", "MigPlacement", "MigProfile", "MigBackend", "MigGPU", "MigView", "LayoutEntry",
-           "LayoutError", "BusyError", "GPUChange", "Outcome", "outcome", "parse_layouts", "plan", "LayoutApplier", "MigRecord", "STRATEGIES"]
+           "LayoutError", "BusyError", "GPUChange", "Outcome", "outcome", "parse_layouts", "plan", "fit",
+           "LayoutApplier", "MigRecord"]
 
 log = logging.getLogger(__name__)
-
-STRATEGIES = ("none", "single", "mixed")
-
 
 class MigBackend(Protocol):
     """What the node's MIG code asks NVML (py_vcuda.nvml.NVML)."""

@@ -172,3 +172,36 @@ class FakeMig:
 
 def _nvml_error(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
+
+
+# The issue's MIG node: GPU 0 in MIG mode (1g.10gb, 1g.10gb, 3g.40gb), GPU 1 MIG-capable with MIG off,
+# GPU 2 without MIG (FakeMig's and the simulator's SimConfig.mig spelling).
+ISSUE_NODE_MIG = ("on:1g.10gb,1g.10gb,3g.40gb", "off", "")
+
+# mig-parted layouts for the H100 80GB profiles, for tests.
+EXAMPLE_LAYOUTS = """
+version: v1
+mig-configs:
+  all-disabled:
+    - devices: all
+      mig-enabled: false
+  all-1g.10gb:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"1g.10gb": 7}
+  mixed-1:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"3g.40gb": 1, "2g.20gb": 2}
+    - devices: [1]
+      mig-enabled: true
+      mig-devices: {"4g.40gb": 1, "1g.10gb": 3}
+  first-two-1g:
+    - devices: [0, 1]
+      mig-enabled: true
+      mig-devices: {"1g.10gb": 7}
+  too-big:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices: {"3g.40gb": 3}
+"""

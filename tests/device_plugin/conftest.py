@@ -18,6 +18,7 @@ from shimtest import container_env_on_host
 from device_plugin.config import resolve
 from device_plugin.testing import TestKubelet
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
+from kube_contract.testing import FakeApiServer
 from node_state.gpus import Inventory
 from node_state.testing import gpu, inventory, wait_for
 from py_vcuda import native
@@ -119,6 +120,15 @@ class Helpers:
 @pytest.fixture
 def dp() -> type[Helpers]:
     return Helpers
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    """The fake API server with this node on it."""
+    server = FakeApiServer()
+    server.add_node(NODE)
+    yield server
+    server.close()
 
 
 @pytest.fixture

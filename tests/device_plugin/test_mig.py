@@ -15,32 +15,10 @@ from device_plugin.labels import feature_labels
 from node_state.daemon import StartError
 from node_state.gpus import Health
 from node_state.mig import BusyError, LayoutApplier, LayoutError, MigRecord, MigView, outcome, parse_layouts, plan
-from node_state.testing import FakeMig
+from node_state.testing import EXAMPLE_LAYOUTS, ISSUE_NODE_MIG, FakeMig
 
-NODE_MIG = ["on:1g.10gb,1g.10gb,3g.40gb", "off", ""]   # the issue's node: MIG on, MIG-capable off, no MIG
-
-LAYOUTS = """
-version: v1
-mig-configs:
-  all-disabled:
-    - devices: all
-      mig-enabled: false
-  all-1g.10gb:
-    - devices: all
-      mig-enabled: true
-      mig-devices: {"1g.10gb": 7}
-  mixed-1:
-    - devices: [0]
-      mig-enabled: true
-      mig-devices: {"3g.40gb": 1, "2g.20gb": 2}
-    - devices: [1]
-      mig-enabled: true
-      mig-devices: {"4g.40gb": 1, "1g.10gb": 3}
-  first-two-1g:
-    - devices: [0, 1]
-      mig-enabled: true
-      mig-devices: {"1g.10gb": 7}
-"""
+NODE_MIG = list(ISSUE_NODE_MIG)
+LAYOUTS = EXAMPLE_LAYOUTS
 
 
 def layouts() -> dict:  # type: ignore[type-arg]

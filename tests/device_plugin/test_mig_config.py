@@ -6,7 +6,6 @@ nvidia.com/mig.config.state; a layout it cannot apply fails with a Warning Event
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,50 +13,16 @@ import pytest
 from device_plugin.mig_config import CONFIG_LABEL, EVENT_REASON, STATE_LABEL, MigNode
 from device_plugin.node_topology import KubeNode
 from kube_contract.testing import FakeApiServer
-from node_state.testing import FakeMig
+from node_state.testing import EXAMPLE_LAYOUTS, ISSUE_NODE_MIG, FakeMig
 
-NODE_MIG = ["on:1g.10gb,1g.10gb,3g.40gb", "off", ""]
-LAYOUTS = """
-version: v1
-mig-configs:
-  all-disabled:
-    - devices: all
-      mig-enabled: false
-  mixed-1:
-    - devices: [0]
-      mig-enabled: true
-      mig-devices: {"3g.40gb": 1, "2g.20gb": 2}
-    - devices: [1]
-      mig-enabled: true
-      mig-devices: {"4g.40gb": 1, "1g.10gb": 3}
-  too-big:
-    - devices: [0]
-      mig-enabled: true
-      mig-devices: {"3g.40gb": 3}
-"""
-
-
-@pytest.fixture
-def api(dp) -> Iterator[FakeApiServer]:
-    server = FakeApiServer()
-    server.add_node(dp.NODE)
-    yield server
-    server.close()
-
-
-def core_api(api: FakeApiServer):  # type: ignore[no-untyped-def]
-    from kubernetes import client
-
-    cfg = client.Configuration()
-    cfg.host = api.url
-    cfg.retries = False
-    return client.CoreV1Api(client.ApiClient(cfg))
+NODE_MIG = list(ISSUE_NODE_MIG)
+LAYOUTS = EXAMPLE_LAYOUTS
 
 
 def start(agent_factory, api, dp, tmp_path: Path, fake: FakeMig, strategy: str = "mixed"):  # type: ignore[no-untyped-def]
     config = tmp_path / "config.yaml"
     config.write_text(LAYOUTS)
-    core = core_api(api)
+    core = api.core_v1()
     return agent_factory("pgpu", inv=fake.inventory(), nvml=fake, mig_strategy=strategy, mig_config=config,
                          patch_node=KubeNode(core, dp.NODE).patch, mig_node=MigNode(core, dp.NODE)), config
 
@@ -65,7 +30,7 @@ def start(agent_factory, api, dp, tmp_path: Path, fake: FakeMig, strategy: str =
 def label(api: FakeApiServer, dp, name: str | None) -> None:  # type: ignore[no-untyped-def]
     """`kubectl label node --overwrite nvidia.com/mig.config=<name>` (a merge patch); the state label is
     cleared too, so the test waits on the state this change brings."""
-    core_api(api).patch_node(dp.NODE, {"metadata": {"labels": {CONFIG_LABEL: name, STATE_LABEL: None}}},
+    api.core_v1().patch_node(dp.NODE, {"metadata": {"labels": {CONFIG_LABEL: name, STATE_LABEL: None}}},
                              _content_type="application/merge-patch+json", _preload_content=False)
 
 

@@ -70,6 +70,7 @@ class FakeMig:
         self.modes: dict[int, bool] = {}
         self.instances: dict[int, list[MigDevice]] = {}
         self.processes_on: dict[str, list[int]] = {}
+        self.memory_used: dict[str, int] = {}   # MIG uuid -> bytes in use
         self.fail_create_at: int | None = None
         self.creates = 0
         self.calls: list[str] = []
@@ -146,6 +147,10 @@ class FakeMig:
 
     def compute_capability(self, index: int) -> tuple[int, int] | None:
         return None
+
+    def mig_memory(self, uuid: str) -> tuple[int, int]:
+        dev = next(d for devs in self.instances.values() for d in devs if d.uuid == uuid)
+        return self.memory_used.get(uuid, 0), dev.memory_total
 
     # --- helpers ---
     def _profile(self, name: str) -> MigProfile:

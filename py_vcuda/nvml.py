@@ -164,6 +164,7 @@ class NVML:
         except pynvml.NVMLError as exc:
             raise NVMLUnavailable(f"NVML ({self.path}) did not initialise: {exc}") from exc
         self._open = True
+        self._profiles: dict[int, list[MigProfile]] = {}   # a GPU's MIG profiles never change
 
     def close(self) -> None:
         if self._open:
@@ -308,6 +309,11 @@ class NVML:
 
     def mig_profiles(self, index: int) -> list[MigProfile]:
         """The GPU-instance profiles this GPU supports (empty when not MIG-capable)."""
+        if index not in self._profiles:
+            self._profiles[index] = self._read_profiles(index)
+        return list(self._profiles[index])
+
+    def _read_profiles(self, index: int) -> list[MigProfile]:
         h = self.handle(index)
         out = []
         for pindex in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
@@ -372,6 +378,11 @@ class NVML:
             multiprocessors=int(attrs.multiprocessorCount) if attrs is not None else (
                 profile.multiprocessors if profile else 0),
             slices=int(attrs.gpuInstanceSliceCount) if attrs is not None else (profile.slices if profile else 0))
+
+    def mig_memory(self, uuid: str) -> tuple[int, int]:
+        """(used, total) bytes of the MIG device with this MIG-<uuid>."""
+        mem = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(uuid.encode()))
+        return int(mem.used), int(mem.total)
 
     def create_mig_device(self, index: int, profile_id: int, placement: MigPlacement) -> MigDevice:
         """A GPU instance of this profile at this placement, with one compute instance spanning it

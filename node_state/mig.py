@@ -28,8 +28,8 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -197,8 +197,10 @@ class GPUChange:
     create: tuple[tuple[MigProfile, MigPlacement], ...]  # instances to make, at these placements
 
 
-def plan(view: MigView, gpus: Sequence[GPUInfo], entries: Sequence[LayoutEntry]) -> list[GPUChange]:
-    """The changes a layout makes to these GPUs; raises LayoutError before anything is changed.
+def plan(view: MigView, gpus: Sequence[GPUInfo], entries: Sequence[LayoutEntry],
+         skip: Collection[int] = ()) -> list[GPUChange]:
+    """The changes a layout makes to these GPUs (but those in `skip`); raises LayoutError before
+    anything is changed.
 
     A GPU named by no entry is left as it is; a GPU whose mode and instances already match
     needs no change (whoever made its instances)."""
@@ -214,6 +216,8 @@ def plan(view: MigView, gpus: Sequence[GPUInfo], entries: Sequence[LayoutEntry])
             chosen[index] = entry
     changes = []
     for index, entry in sorted(chosen.items()):
+        if index in skip:
+            continue
         mig = view.gpus.get(index)
         if mig is None:
             if entry.mig_enabled:
@@ -233,6 +237,9 @@ def _gpu_change(mig: MigGPU, entry: LayoutEntry) -> GPUChange | None:
     wanted: list[MigProfile] = []
     for name, count in entry.mig_devices.items():
         profile = mig.profile(name)
+        if profile is None and not mig.profiles:
+            raise LayoutError(f"GPU {mig.index} ({mig.name}) lists no MIG profiles (NVML lists them in MIG mode "
+                              "only; LayoutApplier turns MIG on first)")
         if profile is None:
             raise LayoutError(f"GPU {mig.index} ({mig.name}) has no MIG profile {name!r}; its profiles: "
                               f"{', '.join(p.name for p in mig.profiles)}")
@@ -264,6 +271,20 @@ def outcome(view: MigView, gpus: Sequence[GPUInfo], changes: Sequence[GPUChange]
         out[g.index] = mig.layout() if mig is not None and mig.enabled else None
     for c in changes:
         out[c.index] = Counter(p.name for p, _ in c.create) if c.enable else None
+    return out
+
+
+def _turned_on(view: MigView, gpus: Sequence[GPUInfo], entries: Sequence[LayoutEntry]) -> list[int]:
+    """MIG-capable GPUs in MIG mode off that an entry turns MIG on for."""
+    known = {g.index for g in gpus}
+    out = []
+    for entry in entries:
+        if not entry.mig_enabled:
+            continue
+        for i in entry.devices if entry.devices is not None else sorted(known):
+            mig = view.gpus.get(i)
+            if mig is not None and not mig.enabled and i not in out:
+                out.append(i)
     return out
 
 
@@ -360,15 +381,33 @@ class LayoutApplier:
         it changes is in use."""
         gpus = [self.backend.gpu(i) for i in range(self.backend.count())]
         view = MigView.read(self.backend)
-        changes = plan(view, gpus, entries)
-        why = check(outcome(view, gpus, changes)) if check is not None else None
-        if why:
-            raise LayoutError(why)
-        for change in changes:
-            why = self.in_use(view.gpus[change.index])
+        # NVML tells a GPU's profiles only in MIG mode: the GPUs the layout turns MIG on for are
+        # switched first (when idle), so the layout is checked against their real profiles; any
+        # refusal below turns them back.
+        enabled_first = _turned_on(view, gpus, entries)
+        for change in plan(view, gpus, entries, skip=enabled_first):   # the others, checked before any switch
+            self._idle_or_raise(view.gpus[change.index])
+        for i in enabled_first:
+            self._idle_or_raise(view.gpus[i])
+        switched: list[int] = []
+        try:
+            for i in enabled_first:
+                self.backend.set_mig_mode(i, True)
+                switched.append(i)
+            read = MigView.read(self.backend)
+            view = MigView({i: replace(g, enabled=False) if i in switched else g for i, g in read.gpus.items()})
+            changes = plan(view, gpus, entries)
+            why = check(outcome(view, gpus, changes)) if check is not None else None
             if why:
-                raise BusyError(f"GPU {change.index} ({change.uuid}) is busy: {why}; the layout changes it, "
-                                "so it is applied once the GPU is idle")
+                raise LayoutError(why)
+            for change in changes:
+                if change.index not in switched:
+                    self._idle_or_raise(view.gpus[change.index])
+        except Exception as exc:
+            undo = self._switch_back(switched)
+            if isinstance(exc, LayoutError):
+                raise type(exc)(f"{exc}{undo}") from None
+            raise LayoutError(f"{_step_error(exc)}{undo}") from None
         done: list[tuple[GPUChange, list[MigDevice], list[MigDevice], bool]] = []
         for change in changes:
             destroyed: list[MigDevice] = []
@@ -380,12 +419,15 @@ class LayoutApplier:
                     self.backend.destroy_mig_device(change.index, dev.gpu_instance)
                     destroyed.append(dev)
                 if change.set_mode:
-                    self.backend.set_mig_mode(change.index, change.enable)
+                    if change.index not in switched:
+                        self.backend.set_mig_mode(change.index, change.enable)
                     done[-1] = (change, destroyed, created, True)
                 for profile, placement in change.create:
                     created.append(self.backend.create_mig_device(change.index, profile.id, placement))
             except Exception as exc:
                 rollback = self._roll_back(done)
+                restored = {c.index for c, _d, _c, mode_set in done if mode_set}
+                rollback += self._switch_back([i for i in switched if i not in restored])
                 raise LayoutError(f"GPU {change.index}: {_step_error(exc)}; {rollback}") from None
         self.record.config = name
         for change, _destroyed, created, _mode in done:
@@ -393,6 +435,25 @@ class LayoutApplier:
         self.record.forget_missing(MigView.read(self.backend))
         self.record.save()
         return changes
+
+    def _idle_or_raise(self, mig: MigGPU) -> None:
+        why = self.in_use(mig)
+        if why:
+            raise BusyError(f"GPU {mig.index} ({mig.uuid}) is busy: {why}; the layout changes it, "
+                            "so it is applied once the GPU is idle")
+
+    def _switch_back(self, switched: Sequence[int]) -> str:
+        """Turn MIG off again on the GPUs switched on to read their profiles; '' or what failed."""
+        failures = []
+        for i in reversed(switched):
+            try:
+                self.backend.set_mig_mode(i, False)
+            except Exception as exc:
+                failures.append(f"GPU {i}: MIG mode not turned off again: {_step_error(exc)}")
+        if failures:
+            log.error("MIG layout: %s", "; ".join(failures))
+            return " (" + "; ".join(failures) + ")"
+        return ""
 
     def in_use(self, mig: MigGPU) -> str | None:
         """Why this GPU is not idle: processes on it or its instances, or containers allocated on them."""

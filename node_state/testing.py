@@ -45,13 +45,14 @@ def _h100_profiles() -> tuple[MigProfile, ...]:
           ) -> MigProfile:
         return MigProfile(id=pid, name=name, slices=slices, memory=mib << 20, multiprocessors=sms,
                           max_instances=count, placements=tuple(MigPlacement(s, size) for s in starts))
-    return (p(0, "1g.10gb", 1, 9856, 16, 7, 1, list(range(7))),
-            p(7, "1g.10gb+me", 1, 9856, 16, 1, 1, list(range(7))),
-            p(9, "1g.20gb", 1, 19968, 26, 4, 2, [0, 2, 4, 6]),
-            p(1, "2g.20gb", 2, 19968, 32, 3, 2, [0, 2, 4]),
-            p(2, "3g.40gb", 3, 40192, 60, 2, 4, [0, 4]),
-            p(3, "4g.40gb", 4, 40192, 64, 1, 4, [0]),
-            p(4, "7g.80gb", 7, 80896, 132, 1, 8, [0]))
+    # NVML's profile ids, as nvidia-smi mig -lgip shows them on an H100.
+    return (p(19, "1g.10gb", 1, 9856, 16, 7, 1, list(range(7))),
+            p(20, "1g.10gb+me", 1, 9856, 16, 1, 1, list(range(7))),
+            p(15, "1g.20gb", 1, 19968, 26, 4, 2, [0, 2, 4, 6]),
+            p(14, "2g.20gb", 2, 19968, 32, 3, 2, [0, 2, 4]),
+            p(9, "3g.40gb", 3, 40192, 60, 2, 4, [0, 4]),
+            p(5, "4g.40gb", 4, 40192, 64, 1, 4, [0]),
+            p(0, "7g.80gb", 7, 80896, 132, 1, 8, [0]))
 
 
 H100_PROFILES = _h100_profiles()
@@ -107,7 +108,7 @@ class FakeMig:
         self.modes[index] = enabled
 
     def mig_profiles(self, index: int) -> list[MigProfile]:
-        return list(H100_PROFILES) if index in self.modes else []
+        return list(H100_PROFILES) if self.modes.get(index) else []   # as NVML: only in MIG mode
 
     def mig_devices(self, index: int) -> list[MigDevice]:
         return list(self.instances.get(index, [])) if self.modes.get(index) else []

@@ -5,6 +5,7 @@ through the test kubelet; health of a parent GPU on its instances; no MIG GPU of
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -15,7 +16,7 @@ from device_plugin.labels import feature_labels
 from node_state.daemon import StartError
 from node_state.gpus import Health
 from node_state.mig import BusyError, LayoutApplier, LayoutError, MigRecord, MigView, outcome, parse_layouts, plan
-from node_state.testing import EXAMPLE_LAYOUTS, ISSUE_NODE_MIG, FakeMig
+from node_state.testing import EXAMPLE_LAYOUTS, H100_PROFILES, ISSUE_NODE_MIG, FakeMig
 
 NODE_MIG = list(ISSUE_NODE_MIG)
 LAYOUTS = EXAMPLE_LAYOUTS
@@ -92,7 +93,10 @@ def test_plan_changes_only_what_differs():
     assert plan(fake.view(), fake.gpus_, same) == []      # already so, whoever made the instances
     enable = parse_layouts("version: v1\nmig-configs: {x: [{devices: [1], mig-enabled: true, "
                            "mig-devices: {4g.40gb: 1, 3g.40gb: 1}}]}")["x"]
-    (change,) = plan(fake.view(), fake.gpus_, enable)
+    # As LayoutApplier plans it: GPU 1's profiles read in MIG mode, its mode still off.
+    view = fake.view()
+    gpu1 = replace(view.gpus[1], profiles=H100_PROFILES)
+    (change,) = plan(MigView({**view.gpus, 1: gpu1}), fake.gpus_, enable)
     assert (change.index, change.enable, change.set_mode, change.destroy) == (1, True, True, ())
     assert sorted((p.name, pl.start) for p, pl in change.create) == [("3g.40gb", 4), ("4g.40gb", 0)]
 
@@ -149,15 +153,17 @@ def test_a_step_failing_midway_rolls_everything_back(fail_at: int):
 
 def test_single_strategy_check_refuses_a_mixed_outcome():
     fake = FakeMig(["on:1g.10gb", "off"])
+    before = state(fake)
     with pytest.raises(LayoutError, match="one MIG profile"):
         LayoutApplier(fake, MigRecord(None)).apply("mixed-1", layouts()["mixed-1"], pgpu.check_single)
-    assert fake.calls == []
+    # GPU 1 went into MIG mode only to read its profiles (NVML lists them in MIG mode only), and back.
+    assert state(fake) == before and fake.calls == ["mode 1 True", "mode 1 False"]
     # GPU 2 cannot do MIG: single needs every GPU in MIG mode, so that is refused too.
     issue_node = FakeMig(NODE_MIG)
     with pytest.raises(LayoutError, match="every GPU in MIG mode"):
         LayoutApplier(issue_node, MigRecord(None)).apply("first-two-1g", layouts()["first-two-1g"],
                                                          pgpu.check_single)
-    assert issue_node.calls == []
+    assert issue_node.calls == ["mode 1 True", "mode 1 False"]
     uniform = FakeMig(["on:1g.10gb,3g.40gb", "off"])
     LayoutApplier(uniform, MigRecord(None)).apply("all-1g.10gb", layouts()["all-1g.10gb"], pgpu.check_single)
     assert outcome(uniform.view(), uniform.gpus_) == {0: Counter({"1g.10gb": 7}), 1: Counter({"1g.10gb": 7})}

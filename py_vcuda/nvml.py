@@ -164,7 +164,7 @@ class NVML:
         except pynvml.NVMLError as exc:
             raise NVMLUnavailable(f"NVML ({self.path}) did not initialise: {exc}") from exc
         self._open = True
-        self._profiles: dict[int, list[MigProfile]] = {}   # a GPU's MIG profiles never change
+        self._profiles: dict[int, list[MigProfile]] = {}   # a GPU's MIG profiles, once listed, never change
 
     def close(self) -> None:
         if self._open:
@@ -309,9 +309,12 @@ class NVML:
 
     def mig_profiles(self, index: int) -> list[MigProfile]:
         """The GPU-instance profiles this GPU supports (empty when not MIG-capable)."""
-        if index not in self._profiles:
-            self._profiles[index] = self._read_profiles(index)
-        return list(self._profiles[index])
+        if index in self._profiles:
+            return list(self._profiles[index])
+        profiles = self._read_profiles(index)
+        if profiles:   # none while MIG mode is off (NVML lists them in MIG mode only): ask again later
+            self._profiles[index] = profiles
+        return profiles
 
     def _read_profiles(self, index: int) -> list[MigProfile]:
         h = self.handle(index)
@@ -390,7 +393,8 @@ class NVML:
         parent = self.handle(index)
         place = pynvml.c_nvmlGpuInstancePlacement_t()
         place.start, place.size = placement.start, placement.size
-        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(parent, profile_id, place)
+        # NVML takes a pointer to the placement; pynvml passes its argument on as it is.
+        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(parent, profile_id, ctypes.byref(place))
         try:
             gi_info = pynvml.nvmlGpuInstanceGetInfo(gi)
             ci_profile = _full_compute_profile(gi, self._profile_slices(index, profile_id))

@@ -1,0 +1,174 @@
+"""MIG end to end: the real agent process (`python -m device_plugin`) on the simulator's NVML and
+CUDA (SimConfig.mig), the test kubelet and the fake API server. The strategies' resources are the
+simulator's MIG devices; an allocated instance is what a simulated CUDA program sees; a layout
+named by the node label changes the simulator's instances; a busy GPU keeps its layout."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from simtool import Children, lines
+
+from device_plugin.mig_config import CONFIG_LABEL, STATE_LABEL
+from kube_contract.testing import FakeApiServer
+from node_state.testing import EXAMPLE_LAYOUTS, ISSUE_NODE_MIG
+from py_vcuda.sim import GiB, MiB, SimConfig, SimReader
+
+
+@pytest.fixture
+def sim(short_dir: Path) -> SimConfig:
+    return SimConfig(state_path=short_dir / "sim", devices=3, memory=16 * GiB, context_overhead=64 * MiB,
+                     mig=list(ISSUE_NODE_MIG))
+
+
+def instances(sim: SimConfig, device: int) -> list[tuple[str, str, int]]:
+    """(profile, MIG uuid, memory) of a device's MIG devices, as the simulator holds them."""
+    with mock.patch.dict(os.environ, sim.env()), SimReader(sim.state_path, create=True) as r:
+        return sorted((i.profile, i.uuid, i.memory_total) for i in r.mig(device).instances)
+
+
+def gpu_uuids(sim: SimConfig) -> list[str]:
+    with mock.patch.dict(os.environ, sim.env()), SimReader(sim.state_path, create=True) as r:
+        return [r.device(i).uuid for i in range(3)]
+
+
+@pytest.fixture
+def children(sim_tool: Path, sim: SimConfig):  # type: ignore[no-untyped-def]
+    kids = Children(sim_tool, sim.env())
+    yield kids
+    kids.close()
+
+
+def run_agent(dp, short_dir: Path, sim: SimConfig, *args: str):  # type: ignore[no-untyped-def]
+    return dp.spawn_plugin(short_dir, sim, "--mode", "pgpu", *args)
+
+
+def test_mixed_offers_the_simulators_instances_and_cuda_sees_the_allocated_one(kubelet, short_dir, dp, sim,
+                                                                               sim_tool):
+    migs = instances(sim, 0)
+    gpus = gpu_uuids(sim)
+    proc = run_agent(dp, short_dir, sim, "--mig-strategy", "mixed")
+    try:
+        small = sorted(d.ID for d in kubelet.latest_devices("nvidia.com/mig-1g.10gb"))
+        (big,) = [d.ID for d in kubelet.latest_devices("nvidia.com/mig-3g.40gb")]
+        assert small == sorted(u for p, u, _ in migs if p == "1g.10gb")
+        assert big == next(u for p, u, _ in migs if p == "3g.40gb")
+        assert sorted(d.ID for d in kubelet.latest_devices("nvidia.com/gpu")) == sorted(gpus[1:])
+        envs = dict(kubelet.allocate("nvidia.com/mig-3g.40gb", [big]).container_responses[0].envs)
+    finally:
+        log = dp.stop_plugin(proc, short_dir)
+    assert proc.returncode == 0, log
+    assert envs == {"NVIDIA_VISIBLE_DEVICES": big}
+    # The runtime turns NVIDIA_VISIBLE_DEVICES into the devices the container sees: that instance only.
+    import subprocess
+
+    out = subprocess.run([str(sim_tool), "init", "count", "ctx", "0", "info"], capture_output=True, text=True,
+                         env={**os.environ, **sim.env(), "CUDA_VISIBLE_DEVICES": envs["NVIDIA_VISIBLE_DEVICES"]},
+                         timeout=30, check=True).stdout
+    from simtool import parse
+
+    parsed = parse(out)
+    assert lines(parsed, "count")[0].rest == ["1"]
+    assert int(lines(parsed, "info")[0].rest[1]) == next(m for p, _, m in migs if p == "3g.40gb")
+
+
+def test_none_offers_no_mig_gpu_and_single_refuses_the_issue_node(kubelet, short_dir, dp, sim):
+    gpus = gpu_uuids(sim)
+    proc = run_agent(dp, short_dir, sim, "--mig-strategy", "none")
+    try:
+        assert sorted(d.ID for d in kubelet.latest_devices("nvidia.com/gpu")) == sorted(gpus[1:])
+    finally:
+        log = dp.stop_plugin(proc, short_dir)
+    assert proc.returncode == 0, log
+    assert "are in MIG mode: not offered" in log
+    proc = run_agent(dp, short_dir, sim, "--mig-strategy", "single")
+    proc.wait(timeout=60)
+    log = dp.stop_plugin(proc, short_dir)
+    assert proc.returncode != 0
+    assert "mig-strategy single needs every GPU in MIG mode" in log
+
+
+def test_single_offers_every_instance_as_nvidia_gpu(kubelet, short_dir, dp):
+    uniform = SimConfig(state_path=short_dir / "sim1", devices=2, memory=16 * GiB,
+                        mig=["on:2g.20gb,2g.20gb", "on:2g.20gb"])
+    migs = [u for d in (0, 1) for _, u, _ in instances(uniform, d)]
+    proc = run_agent(dp, short_dir, uniform, "--mig-strategy", "single")
+    try:
+        assert sorted(d.ID for d in kubelet.latest_devices("nvidia.com/gpu")) == sorted(migs)
+    finally:
+        log = dp.stop_plugin(proc, short_dir)
+    assert proc.returncode == 0, log
+
+
+def test_vgpu_mode_leaves_the_mig_gpu_out(kubelet, short_dir, dp, sim):
+    gpus = gpu_uuids(sim)
+    proc = dp.spawn_plugin(short_dir, sim, "--mode", "vgpu", "--without-api-server")
+    try:
+        offered = {d.ID.split("::")[0] for d in kubelet.latest_devices("tencent.com/vcuda-core")}
+    finally:
+        log = dp.stop_plugin(proc, short_dir)
+    assert proc.returncode == 0, log
+    assert offered == set(gpus[1:])
+    assert "are in MIG mode" in log
+
+
+# ---- layouts by node label ----------------------------------------------------------
+
+@pytest.fixture
+def api(dp) -> Any:
+    server = FakeApiServer()
+    server.add_node(dp.NODE)
+    yield server
+    server.close()
+
+
+def label(api: FakeApiServer, dp, name: str) -> None:  # type: ignore[no-untyped-def]
+    api.core_v1().patch_node(dp.NODE, {"metadata": {"labels": {CONFIG_LABEL: name, STATE_LABEL: None}}},
+                             _content_type="application/merge-patch+json", _preload_content=False)
+
+
+def state(api: FakeApiServer, dp) -> str | None:  # type: ignore[no-untyped-def]
+    return (api.get("nodes", dp.NODE)["metadata"].get("labels") or {}).get(STATE_LABEL)
+
+
+def test_a_label_changes_the_simulators_layout_and_a_busy_gpu_waits(kubelet, short_dir, dp, sim, api, children):
+    config = short_dir / "mig.yaml"
+    config.write_text(EXAMPLE_LAYOUTS)
+    before = instances(sim, 0)
+    busy = children.spawn("init", "ctx", "0", "ready", env={"CUDA_VISIBLE_DEVICES": before[0][1]})
+    children.ready(busy)   # a process holds a context on one of GPU 0's instances
+    proc = run_agent(dp, short_dir, sim, "--mig-strategy", "mixed", "--mig-config", str(config),
+                     "--resync-s", "0.3", "--kubeconfig", str(api.kubeconfig(short_dir / "kubeconfig")))
+    try:
+        kubelet.latest_devices("nvidia.com/mig-1g.10gb")
+        label(api, dp, "mixed-1")
+        dp.wait_for(lambda: state(api, dp) == "failed", what="the layout refused: GPU 0 is busy")
+        assert instances(sim, 0) == before and instances(sim, 1) == []
+        with api.lock:
+            (event,) = list(api.objects["events"].values())
+        assert "GPU 0" in event["message"] and "busy" in event["message"]
+        children.release(busy)
+        dp.wait_for(lambda: state(api, dp) == "success", what="the layout applied once GPU 0 is idle")
+        assert [p for p, _, _ in instances(sim, 0)] == ["2g.20gb", "2g.20gb", "3g.40gb"]
+        assert [p for p, _, _ in instances(sim, 1)] == ["1g.10gb", "1g.10gb", "1g.10gb", "4g.40gb"]
+        twos = dp.wait_for(lambda: kubelet.latest_devices("nvidia.com/mig-2g.20gb"), what="the new resource")
+        assert sorted(d.ID for d in twos) == sorted(u for p, u, _ in instances(sim, 0) if p == "2g.20gb")
+        labels = dp.wait_for(lambda: api.get("nodes", dp.NODE)["metadata"]["labels"] if api.get(
+            "nodes", dp.NODE)["metadata"]["labels"].get("nvidia.com/mig-4g.40gb.count") == "1" else None,
+            what="the labels after the layout")
+        # The one whole GPU left is the simulator's plain GPU: its product tells no compute capability, so
+        # the label the H100 (GPU 1) had is gone.
+        assert labels["nvidia.com/gpu.count"] == "1" and "nvidia.com/gpu.compute.major" not in labels
+        # Back to no MIG at all: every GPU whole again.
+        label(api, dp, "all-disabled")
+        dp.wait_for(lambda: state(api, dp) == "success", what="MIG off everywhere")
+        dp.wait_for(lambda: len(kubelet.latest_devices("nvidia.com/gpu")) == 3, what="three whole GPUs")
+    finally:
+        log = dp.stop_plugin(proc, short_dir)
+    assert proc.returncode == 0, log
+    with mock.patch.dict(os.environ, sim.env()), SimReader(sim.state_path) as r:
+        assert [r.mig(i).enabled for i in range(3)] == [False, False, False]

@@ -46,3 +46,32 @@ def test_each_mig_instance_is_exported_with_its_profile_parent_memory_and_contai
         assert (small.uuid, "1g.10gb") not in samples(reader, "vcuda_mig_instance_info")
     finally:
         reader.close()
+
+
+def test_top_shows_each_instance_under_its_gpu_with_its_containers(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from py_vcuda import top
+
+    fake = FakeMig(list(ISSUE_NODE_MIG))
+    _, _, big = fake.instances[0]
+    fake.memory_used[big.uuid] = 3 << 30
+    layout = NodeLayout(tmp_path / "n")
+    layout.write_record(ContainerRecord(key="c1", mode="pgpu", resource="nvidia.com/mig-3g.40gb",
+                                        device_ids=(big.uuid,), gpus=(big.uuid,), core_request=100, core_limit=100,
+                                        memory_limit=None, namespace="ns", pod="p", container="main"))
+    reader = NodeReader(layout, mode="pgpu", node="node-a", nvml=fake)  # type: ignore[arg-type]
+    try:
+        console = Console(file=io.StringIO(), width=200, record=True, color_system=None)
+        console.print(top.render(reader.snapshot()))
+        text = console.export_text()
+    finally:
+        reader.close()
+    head = f"GPU 0 MIG 3g.40gb  {big.uuid}  mem 3.0 GiB / {big.memory_total / (1 << 30):.1f} GiB"
+    assert head in text
+    after = text[text.index(head):]
+    assert "ns/p/main" in after.split("MIG 1g.10gb")[0] or "ns/p/main" in after   # listed under its instance
+    assert "GPUs not seen by NVML" not in text
+    assert text.count("MIG 1g.10gb") == 2

@@ -20,15 +20,21 @@ def samples(reader: NodeReader, name: str) -> dict[tuple[str, str], tuple[dict[s
             for f in text_string_to_metric_families(text) for s in f.samples if s.name == name}
 
 
-def test_each_mig_instance_is_exported_with_its_profile_parent_memory_and_containers(tmp_path: Path) -> None:
+def node_with_a_container_on_3g(tmp_path: Path) -> tuple[FakeMig, NodeReader]:
+    """The issue's MIG node, 3 GiB used on its 3g.40gb instance by container ns/p/main."""
     fake = FakeMig(list(ISSUE_NODE_MIG))
-    small, _, big = fake.instances[0]
+    big = fake.instances[0][2]
     fake.memory_used[big.uuid] = 3 << 30
     layout = NodeLayout(tmp_path / "n")
     layout.write_record(ContainerRecord(key="c1", mode="pgpu", resource="nvidia.com/mig-3g.40gb",
                                         device_ids=(big.uuid,), gpus=(big.uuid,), core_request=100, core_limit=100,
                                         memory_limit=None, namespace="ns", pod="p", container="main"))
-    reader = NodeReader(layout, mode="pgpu", node="node-a", nvml=fake)  # type: ignore[arg-type]
+    return fake, NodeReader(layout, mode="pgpu", node="node-a", nvml=fake)  # type: ignore[arg-type]
+
+
+def test_each_mig_instance_is_exported_with_its_profile_parent_memory_and_containers(tmp_path: Path) -> None:
+    fake, reader = node_with_a_container_on_3g(tmp_path)
+    small, _, big = fake.instances[0]
     try:
         total = samples(reader, "vcuda_mig_instance_memory_total_bytes")
         assert set(total) == {(d.uuid, d.profile) for d in fake.instances[0]}   # GPU 1 and 2: not in MIG mode
@@ -55,14 +61,8 @@ def test_top_shows_each_instance_under_its_gpu_with_its_containers(tmp_path: Pat
 
     from py_vcuda import top
 
-    fake = FakeMig(list(ISSUE_NODE_MIG))
-    _, _, big = fake.instances[0]
-    fake.memory_used[big.uuid] = 3 << 30
-    layout = NodeLayout(tmp_path / "n")
-    layout.write_record(ContainerRecord(key="c1", mode="pgpu", resource="nvidia.com/mig-3g.40gb",
-                                        device_ids=(big.uuid,), gpus=(big.uuid,), core_request=100, core_limit=100,
-                                        memory_limit=None, namespace="ns", pod="p", container="main"))
-    reader = NodeReader(layout, mode="pgpu", node="node-a", nvml=fake)  # type: ignore[arg-type]
+    fake, reader = node_with_a_container_on_3g(tmp_path)
+    big = fake.instances[0][2]
     try:
         console = Console(file=io.StringIO(), width=200, record=True, color_system=None)
         console.print(top.render(reader.snapshot()))
@@ -71,7 +71,7 @@ def test_top_shows_each_instance_under_its_gpu_with_its_containers(tmp_path: Pat
         reader.close()
     head = f"GPU 0 MIG 3g.40gb  {big.uuid}  mem 3.0 GiB / {big.memory_total / (1 << 30):.1f} GiB"
     assert head in text
-    after = text[text.index(head):]
-    assert "ns/p/main" in after.split("MIG 1g.10gb")[0] or "ns/p/main" in after   # listed under its instance
+    under = text[text.index(head):].split("MIG 1g.10gb")[0]
+    assert "ns/p/main" in under   # listed under its instance
     assert "GPUs not seen by NVML" not in text
     assert text.count("MIG 1g.10gb") == 2

@@ -131,7 +131,13 @@ class Agent:
         applier = LayoutApplier(self.nvml, MigRecord(self.layout.root / "mig-layout.json"), busy=self._allocated_on)
         check = pgpu.check_single if cfg.mig_strategy == "single" else None
         return MigConfigManager(cfg.mig_config, applier, mig_node, on_applied=self._mig_changed, check=check,
-                                retry_s=cfg.resync_s)
+                                retry_s=cfg.resync_s, lock=self.store.lock, retire=self._retire_plugins)
+
+    def _retire_plugins(self) -> None:
+        """A layout changed the node's MIG devices: the current resources refuse Allocate until replaced."""
+        for plugin in self.plugins:
+            if hasattr(plugin, "retired"):
+                plugin.retired = True
 
     def _allocated_on(self, uuid: str) -> str | None:
         """The containers allocated on a GPU or MIG device, if any (a layout must not pull it from under them)."""

@@ -96,6 +96,7 @@ class NodeResource:
         self.inventory = inventory
         self.health = health
         self.store = store
+        self.retired = False   # replaced after a MIG layout: its devices may be gone
 
     def options(self) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(get_preferred_allocation_available=True)

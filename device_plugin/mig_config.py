@@ -14,12 +14,14 @@ for the label to change (or the agent to restart).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +82,17 @@ class MigConfigManager:
 
     def __init__(self, config_file: Path, applier: LayoutApplier, node: MigNode, *,
                  on_applied: Callable[[list[GPUChange]], None],
-                 check: Callable[[Outcome], str | None] | None = None, retry_s: float = 30.0) -> None:
+                 check: Callable[[Outcome], str | None] | None = None, retry_s: float = 30.0,
+                 lock: AbstractContextManager[Any] | None = None, retire: Callable[[], None] | None = None
+                 ) -> None:
         self.config_file = config_file
         self.applier = applier
         self.node = node
         self.on_applied = on_applied
+        # Held from the idle check to `retire` (the resources whose devices changed refuse Allocate from
+        # then on), so no container lands on a GPU between the check and the change.
+        self.lock = lock or contextlib.nullcontext()
+        self.retire = retire
         self.check = check
         self.retry_s = retry_s
         self.state: str | None = None      # the last state reported, for tests and logs
@@ -141,7 +149,10 @@ class MigConfigManager:
             if name not in layouts:
                 raise LayoutError(f"{CONFIG_LABEL}={name}: no such layout in {self.config_file} "
                                   f"(it has: {', '.join(sorted(layouts))})")
-            changes = self.applier.apply(name, layouts[name], self.check)
+            with self.lock:
+                changes = self.applier.apply(name, layouts[name], self.check)
+                if changes and self.retire is not None:
+                    self.retire()
         except BusyError as exc:
             self._busy = True
             self._fail(name, str(exc))

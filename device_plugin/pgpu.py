@@ -26,6 +26,8 @@ import logging
 import time
 from collections.abc import Sequence
 
+import grpc
+
 from device_plugin.inventory import NodeResource, best_set, health_state, topology
 from device_plugin.kubelet import AllocationError
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
@@ -70,17 +72,25 @@ class GPUPlugin(NodeResource):
         gpus = self._gpus(device_ids)
         if not gpus:
             raise AllocationError("no device IDs in the request")
-        return _allocate(self.store, RESOURCE, device_ids, tuple(g.uuid for g in gpus))
+        return _allocate(self, RESOURCE, device_ids, tuple(g.uuid for g in gpus))
 
 
-def _allocate(store: ContainerStore, resource: str, device_ids: Sequence[str], uuids: tuple[str, ...]
+def _allocate(plugin: NodeResource, resource: str, device_ids: Sequence[str], uuids: tuple[str, ...]
               ) -> pb.ContainerAllocateResponse:
-    """The container sees these GPUs or MIG devices (NVIDIA_VISIBLE_DEVICES, for the NVIDIA runtime)."""
-    # Recorded so the exporter can label the GPUs with their pod (via pod-resources).
-    store.layout.write_record(ContainerRecord(
-        key=new_key(), mode="pgpu", resource=resource, device_ids=tuple(device_ids), gpus=uuids,
-        core_request=100 * len(uuids), core_limit=100 * len(uuids), memory_limit=None,
-        created=time.time()))
+    """The container sees these GPUs or MIG devices (NVIDIA_VISIBLE_DEVICES, for the NVIDIA runtime).
+
+    Under the store's lock, which a MIG layout holds from its idle check to retiring the resources it
+    replaces: a container is either recorded before (and the layout waits for it) or refused after."""
+    with plugin.store.lock:
+        if plugin.retired:
+            raise AllocationError("the node's MIG layout changed these devices; kubelet gets the new list",
+                                  grpc.StatusCode.UNAVAILABLE)
+        # Recorded so the exporter can label the GPUs with their pod (via pod-resources), and so a MIG
+        # layout knows the GPU is in use.
+        plugin.store.layout.write_record(ContainerRecord(
+            key=new_key(), mode="pgpu", resource=resource, device_ids=tuple(device_ids), gpus=uuids,
+            core_request=100 * len(uuids), core_limit=100 * len(uuids), memory_limit=None,
+            created=time.time()))
     return pb.ContainerAllocateResponse(envs={"NVIDIA_VISIBLE_DEVICES": ",".join(uuids)})
 
 
@@ -140,7 +150,7 @@ class MigPlugin(NodeResource):
         devs = self._devices(device_ids)
         if not devs:
             raise AllocationError("no device IDs in the request")
-        return _allocate(self.store, self.resource, device_ids, tuple(d.uuid for d in devs))
+        return _allocate(self, self.resource, device_ids, tuple(d.uuid for d in devs))
 
 
 def check_single(after: Outcome) -> str | None:

@@ -284,3 +284,20 @@ def test_feature_labels_follow_gfd_for_each_strategy():
     plain = FakeMig(["", ""])
     vgpu = feature_labels(plain, plain.inventory(), "vgpu")
     assert vgpu["nvidia.com/mig.capable"] == "false" and vgpu["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+
+
+def test_a_resource_a_layout_replaced_refuses_allocate(tmp_path: Path):
+    from device_plugin.kubelet import AllocationError
+    from node_state.containers import ContainerStore
+    from node_state.layout import NodeLayout
+
+    fake = FakeMig(NODE_MIG)
+    store = ContainerStore(NodeLayout(tmp_path))
+    mixed = {p.resource: p for p in pgpu.plugins("mixed", fake.inventory(), Health(), store)}
+    small = mixed["nvidia.com/mig-1g.10gb"]
+    uuid = fake.instances[0][0].uuid
+    assert small.allocate([uuid]).envs["NVIDIA_VISIBLE_DEVICES"] == uuid
+    small.retired = True   # what the agent does, under the store's lock, once a layout changed the devices
+    with pytest.raises(AllocationError, match="MIG layout changed"):
+        small.allocate([uuid])
+    assert len(list(store.records())) == 1

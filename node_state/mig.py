@@ -90,14 +90,23 @@ class MigView:
     def read(cls, backend: MigBackend, indexes: Iterable[int] | None = None) -> MigView:
         gpus = {}
         for index in range(backend.count()) if indexes is None else indexes:
-            mode = backend.mig_mode(index)
+            try:
+                mode = backend.mig_mode(index)
+            except Exception as exc:   # an NVML that cannot say: the GPU is treated as without MIG
+                log.warning("GPU %d: MIG mode unreadable (%s); treated as not MIG-capable", index, exc)
+                continue
             if mode is None:
                 continue
             info = backend.gpu(index)
             enabled = mode[0]
+            try:
+                profiles = tuple(backend.mig_profiles(index))
+                devices = tuple(backend.mig_devices(index)) if enabled else ()
+            except Exception as exc:   # in MIG mode all the same: never offered whole, nothing on it offered
+                log.warning("GPU %d: MIG instances unreadable (%s); none offered", index, exc)
+                profiles, devices = (), ()
             gpus[index] = MigGPU(index=index, uuid=info.uuid, name=info.name, enabled=enabled,
-                                 profiles=tuple(backend.mig_profiles(index)),
-                                 devices=tuple(backend.mig_devices(index)) if enabled else ())
+                                 profiles=profiles, devices=devices)
         return cls(gpus)
 
     def capable(self, index: int) -> bool:

@@ -301,3 +301,19 @@ def test_a_resource_a_layout_replaced_refuses_allocate(tmp_path: Path):
     with pytest.raises(AllocationError, match="MIG layout changed"):
         small.allocate([uuid])
     assert len(list(store.records())) == 1
+
+
+def test_an_nvml_that_cannot_tell_never_offers_a_mig_gpu_whole():
+    class Flaky(FakeMig):
+        def mig_mode(self, index):  # type: ignore[no-untyped-def]
+            if index == 1:
+                raise RuntimeError("NVML: unknown error")
+            return super().mig_mode(index)
+
+        def mig_devices(self, index):  # type: ignore[no-untyped-def]
+            raise RuntimeError("NVML: unknown error")
+
+    fake = Flaky(NODE_MIG)
+    view = MigView.read(fake)
+    assert sorted(view.gpus) == [0] and view.gpus[0].enabled and view.gpus[0].devices == ()
+    assert [g.index for g in fake.inventory().whole().gpus] == [1, 2]   # GPU 0 is in MIG mode all the same

@@ -19,6 +19,21 @@ from node_state.testing import EXAMPLE_LAYOUTS, ISSUE_NODE_MIG
 from py_vcuda.sim import GiB, MiB, SimConfig, SimReader
 
 
+def _sim_has_mig() -> bool:
+    import ctypes
+
+    from py_vcuda import native
+
+    try:
+        return hasattr(ctypes.CDLL(str(native.lib_path(native.SIM_NVML))), "nvmlDeviceGetMigMode")
+    except (OSError, native.NativeLibraryMissing):
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _sim_has_mig(), reason="the simulator library here predates MIG: build this "
+                                "checkout (cmake) and set VCUDA_LIB_DIR=$PWD/build/lib")
+
+
 @pytest.fixture
 def sim(short_dir: Path) -> SimConfig:
     return SimConfig(state_path=short_dir / "sim", devices=3, memory=16 * GiB, context_overhead=64 * MiB,

@@ -417,6 +417,11 @@ class LayoutApplier:
             if isinstance(exc, LayoutError):
                 raise type(exc)(f"{exc}{undo}") from None
             raise LayoutError(f"{_step_error(exc)}{undo}") from None
+        for change in changes:
+            foreign = [d.uuid for d in change.destroy if d.uuid not in self.record.owned(change.uuid)]
+            if foreign:   # the layout names the GPU's whole configuration, as mig-parted's does
+                log.info("GPU %d: the layout replaces %d instance(s) this agent did not make: %s",
+                         change.index, len(foreign), ", ".join(foreign))
         done: list[tuple[GPUChange, list[MigDevice], list[MigDevice], bool]] = []
         for change in changes:
             destroyed: list[MigDevice] = []

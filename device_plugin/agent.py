@@ -76,7 +76,7 @@ class Agent:
         # The extender places vgpu requests only: the other modes have nothing to tell it.
         metadata: dict[str, dict[str, str]] = {}
         if config.mode == "vgpu":
-            metadata["annotations"] = {self.names.topology: encode(inventory.whole())}   # no GPU in MIG mode
+            metadata["annotations"] = {self.names.topology: encode(self.shared_inventory())}
         if nvml is not None:
             metadata["labels"] = self._labels()
         self.node_publisher = NodePublisher(patch_node, metadata) \
@@ -90,14 +90,18 @@ class Agent:
             raise StartError("no GPUs found on this node; nothing to offer")
         if cfg.mode == "pgpu":
             return pgpu.plugins(cfg.mig_strategy, self.inventory, self.health, self.store)
+        inventory = self.shared_inventory()
         if self.inventory.mig.enabled:
-            log.warning("GPU(s) %s are in MIG mode: %s mode does not offer them (work on a GPU in MIG mode must "
-                        "target a MIG instance; use --mode pgpu with --mig-strategy)",
-                        ", ".join(sorted(self.inventory.mig.enabled)), cfg.mode)
-        inventory = self.inventory.whole()
+            log.warning("GPU(s) %s are in MIG mode: %s", ", ".join(sorted(self.inventory.mig.enabled)),
+                        "each of their MIG instances is shared as a GPU of its own" if cfg.mode == "vgpu" else
+                        f"{cfg.mode} mode does not offer them (work on a GPU in MIG mode must target a MIG "
+                        "instance; use vgpu mode, or pgpu mode with --mig-strategy)")
         if not inventory.gpus:
-            raise StartError(f"every GPU of this node is in MIG mode: {cfg.mode} mode has nothing to offer")
+            raise StartError(f"every GPU of this node is in MIG mode without instances: {cfg.mode} mode has "
+                             "nothing to offer")
         if cfg.mode == "vgpu":
+            for d in self.inventory.mig_devices():
+                self.health.follow(d.uuid, d.parent_uuid)
             host_lib = cfg.host_lib_dir / native.SHIM
             if not host_lib.is_file():
                 raise StartError(f"--host-lib-dir: {host_lib} does not exist; the DaemonSet's init step puts "
@@ -112,6 +116,11 @@ class Agent:
         daemons = {g.uuid: mps.MPSDaemon(g.uuid, self.layout, cfg.mps_control) for g in inventory.gpus}
         children.extend(daemons.values())
         return [mps.MPSPlugin(inventory, self.health, self.store, daemons)]
+
+    def shared_inventory(self) -> Inventory:
+        """What vgpu and mps modes share: vgpu the GPUs without MIG mode and every MIG instance
+        (node_state.gpus.Inventory.shareable), mps the GPUs without MIG mode."""
+        return self.inventory.shareable() if self.config.mode == "vgpu" else self.inventory.whole()
 
     def _labels(self) -> dict[str, str]:
         assert self.nvml is not None

@@ -45,6 +45,21 @@ class Inventory:
     def mig_devices(self) -> list[MigDevice]:
         return self.mig.devices()
 
+    def shareable(self) -> Inventory:
+        """The GPUs to share in vgpu mode: those without MIG mode, then every MIG instance as a GPU of
+        its own (its MIG-<uuid>, its memory, the parent's NUMA node; index: past the physical GPUs,
+        in the order NVML lists the instances). Instances have no NVLink."""
+        whole = self.whole()
+        parents = {g.uuid: g for g in self.gpus}
+        instances = []
+        for k, d in enumerate(self.mig.devices()):
+            parent = parents.get(d.parent_uuid)
+            instances.append(GPUInfo(
+                index=len(self.gpus) + k, uuid=d.uuid, name=f"{parent.name if parent else 'GPU'} MIG {d.profile}",
+                memory_total=d.memory_total, minor=parent.minor if parent else 0,
+                numa_node=parent.numa_node if parent else None))
+        return Inventory(whole.gpus + tuple(instances), whole.nvlink, whole.links, self.mig)
+
     def link_count(self, a: int, b: int) -> int:
         """NVLink links between two GPUs (0: not connected)."""
         if b not in self.nvlink.get(a, ()):
@@ -62,6 +77,12 @@ class Health:
         self._lock = threading.Lock()
         self._unhealthy: dict[str, str] = {}
         self._listeners: list[Callable[[], None]] = []
+        self._parent: dict[str, str] = {}   # MIG instance uuid -> its GPU's: an instance is as healthy as its GPU
+
+    def follow(self, uuid: str, parent: str) -> None:
+        """`uuid` (a MIG instance) is healthy exactly when `parent` (its GPU) is."""
+        with self._lock:
+            self._parent[uuid] = parent
 
     def subscribe(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
@@ -80,4 +101,4 @@ class Health:
 
     def healthy(self, uuid: str) -> bool:
         with self._lock:
-            return uuid not in self._unhealthy
+            return self._parent.get(uuid, uuid) not in self._unhealthy

@@ -247,22 +247,46 @@ def test_an_xid_on_the_parent_marks_its_instances_and_they_recover(agent_factory
     dp.wait_for(lambda: health() == {"Healthy"}, what="instances healthy again")
 
 
-@pytest.mark.parametrize("mode", ["vgpu", "mps"])
-def test_shared_modes_do_not_offer_a_mig_gpu_whole(agent_factory, kubelet, mode, caplog):
+def test_mps_does_not_offer_a_mig_gpu(agent_factory, kubelet, caplog):
     fake = FakeMig(NODE_MIG)
-    kw = {"mps_control": "/bin/true"} if mode == "mps" else {}
-    if mode == "mps":
-        pytest.importorskip("device_plugin.mps")
     try:
-        agent_factory(mode, inv=fake.inventory(), **kw)
+        agent_factory("mps", inv=fake.inventory(), mps_control="/bin/true")
     except Exception:
-        if mode == "mps":
-            pytest.skip("MPS daemons need the simulator's control binary")
-        raise
-    resource = "tencent.com/vcuda-core" if mode == "vgpu" else "nvidia.com/mps-core"
-    gpus = {d.ID.split("::")[0] for d in kubelet.latest_devices(resource)}
+        pytest.skip("MPS daemons need the simulator's control binary")
+    gpus = {d.ID.split("::")[0] for d in kubelet.latest_devices("nvidia.com/mps-core")}
     assert gpus == {fake.gpus_[1].uuid, fake.gpus_[2].uuid}
-    assert "are in MIG mode" in caplog.text
+    assert "mps mode does not offer them" in caplog.text
+
+
+def test_vgpu_shares_each_mig_instance_as_a_gpu_and_never_the_mig_gpu(agent_factory, kubelet, dp):
+    from device_plugin.pods import StaticPods
+    from kube_contract.names import MEMORY_UNIT_BYTES
+
+    fake = FakeMig(NODE_MIG)
+    migs = fake.instances[0]
+    big = migs[2]
+    p = dp.pod("p", cores=30, annotations={"vcuda.io/gpu-assignment": dp.assignment_annotation("main", big.uuid, 30)})
+    agent = agent_factory("vgpu", inv=fake.inventory(), pods=StaticPods([p]))
+    cores = kubelet.latest_devices("tencent.com/vcuda-core")
+    per_gpu: dict[str, int] = {}
+    for d in cores:
+        per_gpu[d.ID.split("::")[0]] = per_gpu.get(d.ID.split("::")[0], 0) + 1
+    assert per_gpu == {fake.gpus_[1].uuid: 100, fake.gpus_[2].uuid: 100, **{m.uuid: 100 for m in migs}}
+    units: dict[str, int] = {}
+    for d in kubelet.latest_devices("tencent.com/vcuda-memory"):
+        units[d.ID.split("::")[0]] = units.get(d.ID.split("::")[0], 0) + 1
+    assert units[big.uuid] == big.memory_total // MEMORY_UNIT_BYTES and units[migs[0].uuid] < units[big.uuid]
+    assert set(agent.schedulers) == set(per_gpu)   # a token scheduler of its own per instance
+    resp = kubelet.allocate("tencent.com/vcuda-core", [f"{big.uuid}::{i}" for i in range(30)])
+    assert resp.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == big.uuid
+    (rec,) = agent.store.records()
+    assert rec.gpus == (big.uuid,) and rec.tenant
+    # The parent's XID marks its instances, not the other GPUs.
+    agent.health.set(fake.gpus_[0].uuid, False, "critical XID 79")
+    dp.wait_for(lambda: {d.health for d in kubelet.latest_devices("tencent.com/vcuda-core")
+                         if d.ID.startswith("MIG-")} == {"Unhealthy"}, what="instances unhealthy")
+    assert {d.health for d in kubelet.latest_devices("tencent.com/vcuda-core")
+            if d.ID.startswith("GPU-")} == {"Healthy"}
 
 
 # ---- labels -----------------------------------------------------------------------
@@ -317,3 +341,32 @@ def test_an_nvml_that_cannot_tell_never_offers_a_mig_gpu_whole():
     view = MigView.read(fake)
     assert sorted(view.gpus) == [0] and view.gpus[0].enabled and view.gpus[0].devices == ()
     assert [g.index for g in fake.inventory().whole().gpus] == [1, 2]   # GPU 0 is in MIG mode all the same
+
+
+def test_the_extender_sees_each_instance_as_a_gpu_and_not_the_mig_gpu():
+    from device_plugin.node_topology import encode
+    from kube_contract import topology
+
+    fake = FakeMig(NODE_MIG)
+    topo = topology.decode(encode(fake.inventory().shareable()))
+    migs = fake.instances[0]
+    assert [(g.uuid, g.memory) for g in topo.gpus] == [
+        (fake.gpus_[1].uuid, fake.gpus_[1].memory_total), (fake.gpus_[2].uuid, fake.gpus_[2].memory_total),
+        *((m.uuid, m.memory_total) for m in migs)]
+    assert len({g.index for g in topo.gpus}) == 5 and topo.nvlink == {}
+    assert topo.gpus[4].model == "NVIDIA H100 80GB HBM3 MIG 3g.40gb"
+
+
+def test_the_ledger_knows_a_mig_device_by_either_name(tmp_path: Path):
+    """libvcuda names a device from CUDA's UUID bytes, GPU-<hex>; for a MIG device the agent writes the
+    same device as MIG-<hex> (NVML's name). One device, one ledger entry."""
+    from py_vcuda.ledger import Ledger
+
+    hexpart = "55a7cf81-e2c8-561e-8f0f-26b707f5c67b"
+    with Ledger(tmp_path / "ledger", create=True) as book:
+        book.set_limit(f"MIG-{hexpart}", 1 << 30)
+        book.set_limit(f"GPU-{hexpart}", 2 << 30)      # what libvcuda's name reaches: the same entry
+        book.set_limit("GPU-5157a0c0-0000-4000-8000-000000000000", 3 << 30)
+        devices = book.devices()
+    assert [(d.uuid, d.limit) for d in devices] == [(f"MIG-{hexpart}", 2 << 30),
+                                                    ("GPU-5157a0c0-0000-4000-8000-000000000000", 3 << 30)]

@@ -119,7 +119,7 @@ def test_single_offers_every_instance_as_nvidia_gpu(kubelet, short_dir, dp):
     assert proc.returncode == 0, log
 
 
-def test_vgpu_mode_leaves_the_mig_gpu_out(kubelet, short_dir, dp, sim):
+def test_vgpu_mode_shares_the_instances_and_never_the_mig_gpu(kubelet, short_dir, dp, sim):
     gpus = gpu_uuids(sim)
     proc = dp.spawn_plugin(short_dir, sim, "--mode", "vgpu", "--without-api-server")
     try:
@@ -127,8 +127,8 @@ def test_vgpu_mode_leaves_the_mig_gpu_out(kubelet, short_dir, dp, sim):
     finally:
         log = dp.stop_plugin(proc, short_dir)
     assert proc.returncode == 0, log
-    assert offered == set(gpus[1:])
-    assert "are in MIG mode" in log
+    assert offered == {*gpus[1:], *(u for _, u, _ in instances(sim, 0))}
+    assert "each of their MIG instances is shared as a GPU of its own" in log
 
 
 # ---- layouts by node label ----------------------------------------------------------
@@ -187,3 +187,44 @@ def test_a_label_changes_the_simulators_layout_and_a_busy_gpu_waits(kubelet, sho
     assert proc.returncode == 0, log
     with mock.patch.dict(os.environ, sim.env()), SimReader(sim.state_path) as r:
         assert [r.mig(i).enabled for i in range(3)] == [False, False, False]
+
+
+# ---- vGPU shares of a MIG instance ------------------------------------------------------
+
+def test_a_vgpu_share_of_a_mig_instance_is_limited_within_it(agent_factory, kubelet, dp, short_dir, sim,
+                                                             build_c):
+    """A 30-core, 1 GiB share of a 1g.10gb instance: the container sees that instance (the runtime's
+    NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES here), libvcuda charges the instance's ledger entry
+    (CUDA names it GPU-<hex>, the agent MIG-<hex>: one entry) and refuses past 1 GiB."""
+    import subprocess
+
+    from shimtest import parse
+
+    from device_plugin.pods import StaticPods
+    from node_state.gpus import Inventory
+    from py_vcuda.ledger import Ledger
+    from py_vcuda.sim import nvml_session
+
+    cuprobe = build_c(["cuprobe.c"])
+    with nvml_session(sim) as nvml:
+        inv = Inventory.from_nvml(nvml)
+    small = next(d for d in inv.mig_devices() if d.profile == "1g.10gb")
+    pod = dp.pod("app", cores=30, annotations={
+        "vcuda.io/memory": "1Gi", "vcuda.io/gpu-assignment": dp.assignment_annotation("main", small.uuid, 30)})
+    agent = agent_factory("vgpu", pods=StaticPods([pod]), inv=inv)
+    resp = kubelet.allocate("tencent.com/vcuda-core",
+                            [f"{small.uuid}::{i}" for i in range(30)]).container_responses[0]
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == small.uuid
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_")}
+    env.update(sim.env())
+    env.update(dp.host_env(resp))
+    env["CUDA_VISIBLE_DEVICES"] = resp.envs["NVIDIA_VISIBLE_DEVICES"]   # what the NVIDIA runtime exposes
+    proc = subprocess.run([str(cuprobe), "init", "ctx", f"alloc:{512 * MiB}", f"alloc:{640 * MiB}", "hold"],
+                          env=env, input="\n", capture_output=True, text=True, timeout=120)
+    allocs = [int(d["rc"]) for d in parse(proc.stdout) if d["cmd"] == "alloc"]
+    assert allocs == [0, 2], proc.stdout + proc.stderr   # 512 MiB + 640 MiB > 1 GiB: out of memory
+    (record,) = agent.store.records()
+    with Ledger(agent.layout.ledger_path(record.key)) as ledger:
+        devices = ledger.devices()
+    assert [d.uuid for d in devices] == [small.uuid]             # one entry: CUDA's name found the agent's
+    assert devices[0].limit == GiB and devices[0].peak >= 512 * MiB

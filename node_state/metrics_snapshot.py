@@ -373,6 +373,12 @@ class NodeReader:
         wanted: dict[Path, dict[str, object] | None] = {}
         for g in infos:
             wanted[sched_dirs[g.uuid]] = None
+        for m in mig:   # vgpu mode: a token scheduler per MIG instance, where it runs one
+            directory = self.layout.scheduler_dir(m.uuid)
+            sched_dirs[m.uuid] = directory
+            if directory.exists():
+                wanted[directory] = None
+                gpu_of_dir[directory] = m.gpu
         for record, _ in containers:
             if SCHEDULER_DIR_KEY in record.extra:
                 wanted[Path(record.extra[SCHEDULER_DIR_KEY])] = None

@@ -219,7 +219,8 @@ def test_a_vgpu_share_of_a_mig_instance_is_limited_within_it(agent_factory, kube
     env.update(sim.env())
     env.update(dp.host_env(resp))
     env["CUDA_VISIBLE_DEVICES"] = resp.envs["NVIDIA_VISIBLE_DEVICES"]   # what the NVIDIA runtime exposes
-    proc = subprocess.run([str(cuprobe), "init", "ctx", f"alloc:{512 * MiB}", f"alloc:{640 * MiB}", "hold"],
+    proc = subprocess.run([str(cuprobe), "init", "ctx", f"alloc:{512 * MiB}", f"alloc:{640 * MiB}",
+                           "spin:2000:300", "hold"],
                           env=env, input="\n", capture_output=True, text=True, timeout=120)
     allocs = [int(d["rc"]) for d in parse(proc.stdout) if d["cmd"] == "alloc"]
     assert allocs == [0, 2], proc.stdout + proc.stderr   # 512 MiB + 640 MiB > 1 GiB: out of memory
@@ -228,3 +229,16 @@ def test_a_vgpu_share_of_a_mig_instance_is_limited_within_it(agent_factory, kube
         devices = ledger.devices()
     assert [d.uuid for d in devices] == [small.uuid]             # one entry: CUDA's name found the agent's
     assert devices[0].limit == GiB and devices[0].peak >= 512 * MiB
+    # The exporter's reading: the share on the instance, under its parent GPU, with its scheduler's figures.
+    from node_state.metrics_snapshot import NodeReader
+
+    with nvml_session(sim) as nvml:
+        reader = NodeReader(agent.layout, mode="vgpu", node=dp.NODE, nvml=nvml)
+        try:
+            snap = reader.snapshot()
+        finally:
+            reader.close()
+    (row,) = snap.containers
+    assert (row.uuid, row.gpu, row.memory_limit) == (small.uuid, 0, GiB)
+    assert row.tenant_stats is not None and row.tenant_stats.grants > 0   # its kernels ran under the instance's
+    assert {m.uuid for m in snap.mig} == {d.uuid for d in inv.mig_devices()}

@@ -1,6 +1,6 @@
-"""Device plugin figures: Allocate latency, re-registration time, memory.
+"""Device plugin figures: Allocate latency, re-registration time, memory, a MIG node.
 
-    python3 bench/plugin_bench.py [--allocations 400] [--restarts 10] [--containers 200]
+    python3 bench/plugin_bench.py [--allocations 400] [--restarts 10] [--containers 200] [--mig-only]
 
 1. Allocate latency (goal p99 <= 20 ms): vgpu mode with 8 GPUs, every call a
    fractional container identified through its extender annotation, so each
@@ -17,6 +17,14 @@
    containers allocated (pods listed from a fake API server, as on a real
    node); the 8 token scheduler processes apart.
 
+4. A MIG node (pgpu, --mig-strategy mixed): 8 GPUs x 7 instances of 1g.10gb on the
+   simulator's NVML (node_state.testing.FakeMig where the simulator has no MIG):
+   the ListAndWatch message of nvidia.com/mig-1g.10gb (its 56 devices, bytes),
+   Allocate p99 of one MIG device (goal <= 20 ms), and the time to apply a layout
+   (7 x 1g.10gb <-> 1g.10gb x 2 + 2g.20gb + 3g.40gb on all 8 GPUs) from the label's
+   handling to the new resources served: plan, destroy and create on the NVML
+   (simulated: its own costs are the simulator's, not a driver's), re-registration.
+
 The repository root goes first on sys.path, as in the other benches: the
 figures are for the code in this checkout, not an older installed copy.
 """
@@ -24,6 +32,8 @@ figures are for the code in this checkout, not an older installed copy.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -47,7 +57,7 @@ from kube_contract.testing import FakeApiServer  # noqa: E402
 from node_state.gpus import Inventory  # noqa: E402
 from py_vcuda import native  # noqa: E402
 from py_vcuda.nvml import GPUInfo  # noqa: E402
-from py_vcuda.sim import GiB, SimConfig  # noqa: E402
+from py_vcuda.sim import GiB, SimConfig, nvml_session  # noqa: E402
 
 NODE = "bench-node"
 CORE = "tencent.com/vcuda-core"
@@ -190,11 +200,95 @@ def plugin_memory(root: Path, containers: int) -> tuple[int, int, int, int]:
         api.close()
 
 
+MIG_LAYOUTS = """
+version: v1
+mig-configs:
+  all-1g.10gb:
+    - {devices: all, mig-enabled: true, mig-devices: {"1g.10gb": 7}}
+  all-balanced:
+    - {devices: all, mig-enabled: true, mig-devices: {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}}
+"""
+
+
+@contextlib.contextmanager
+def mig_backend(root: Path):  # type: ignore[no-untyped-def]
+    """(NVML of 8 GPUs x 7 x 1g.10gb, what it is): the simulator's when it does MIG, else FakeMig."""
+    sim = SimConfig(state_path=root / "sim", devices=GPUS, memory=80 * GiB)
+    if "mig" in {f.name for f in dataclasses.fields(SimConfig)}:
+        sim = dataclasses.replace(sim, mig=["on:" + ",".join(["1g.10gb"] * 7)] * GPUS)  # type: ignore[call-arg]
+        with nvml_session(sim) as nvml:
+            if nvml.mig_mode(0) is not None:
+                yield nvml, "simulator NVML"
+                return
+    from node_state.testing import FakeMig
+    yield FakeMig(["on:" + ",".join(["1g.10gb"] * 7)] * GPUS), "node_state.testing.FakeMig (simulator without MIG)"
+
+
+def mig_node(root: Path, allocations: int, layouts: int) -> dict[str, object]:
+    from device_plugin.mig_config import MigNode
+
+    (root / "dp").mkdir()
+    kubelet = TestKubelet(root / "dp")
+    kubelet.start()
+    api = FakeApiServer()
+    api.add_node(NODE)
+    (root / "mig.yaml").write_text(MIG_LAYOUTS)
+    cfg = resolve({"mode": "pgpu", "device_plugin_dir": str(root / "dp"), "state_dir": str(root / "st"),
+                   "metrics_port": "0", "node_name": NODE, "features_file": "", "mig_strategy": "mixed",
+                   "mig_config": str(root / "mig.yaml"), "pod_resources_socket": str(root / "pr.sock")}, {}, {})
+    with mig_backend(root) as (nvml, what):
+        agent = Agent(cfg, inventory=Inventory.from_nvml(nvml), pods=StaticPods(), nvml=nvml,
+                      mig_node=MigNode(api.core_v1(), NODE))
+        agent.start()
+        try:
+            devices = kubelet.latest_devices("nvidia.com/mig-1g.10gb")
+            size = len(pb.ListAndWatchResponse(devices=devices).SerializeToString())
+            stub = kubelet.stub("nvidia.com/mig-1g.10gb")
+            times = []
+            for n in range(allocations):
+                req = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(
+                    devices_ids=[devices[n % len(devices)].ID])])
+                t0 = time.perf_counter()
+                stub.Allocate(req, timeout=30)
+                times.append((time.perf_counter() - t0) * 1000)
+            for rec in agent.store.records():   # the layouts below need idle GPUs
+                agent.store.remove(rec.key)
+            assert agent.mig_manager is not None
+            applied = []
+            for k in range(layouts):
+                name = ("all-balanced", "all-1g.10gb")[k % 2]
+                at = time.monotonic()
+                t0 = time.perf_counter()
+                agent.mig_manager.apply(name)
+                if agent.mig_manager.state != "success":
+                    raise RuntimeError(f"layout {name}: {agent.mig_manager.reason}")
+                resource = "nvidia.com/mig-3g.40gb" if name == "all-balanced" else "nvidia.com/mig-1g.10gb"
+                kubelet.wait_registered(resource, after=at)
+                applied.append((time.perf_counter() - t0) * 1000)
+        finally:
+            agent.stop()
+            kubelet.stop()
+            api.close()
+    return {"backend": what, "devices": len(devices), "list_bytes": size, "allocate_ms": times,
+            "layout_ms": applied}
+
+
+def report_mig(fig: dict) -> None:  # type: ignore[type-arg]
+    lat, lay = fig["allocate_ms"], fig["layout_ms"]
+    print(f"MIG node (pgpu mixed, {GPUS} GPUs x 7 x 1g.10gb, {fig['backend']}): ListAndWatch of "
+          f"nvidia.com/mig-1g.10gb {fig['devices']} devices, {fig['list_bytes']} bytes; Allocate of one MIG device "
+          f"(n={len(lat)}): p50 {statistics.median(lat):.1f} ms, p99 {percentile(lat, 99):.1f} ms  "
+          f"[goal p99 <= 20 ms]; apply a layout on all {GPUS} GPUs, resources registered again "
+          f"(n={len(lay)}): median {statistics.median(lay):.0f} ms, max {max(lay):.0f} ms")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--allocations", type=int, default=400)
     parser.add_argument("--restarts", type=int, default=10)
     parser.add_argument("--containers", type=int, default=200, help="allocated for the memory figure")
+    parser.add_argument("--layouts", type=int, default=6, help="MIG layouts applied in turn (MIG node)")
+    parser.add_argument("--mig-only", action="store_true", help="only the MIG node figures")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)   # the agent's re-registration notices are expected here
     roots = []
@@ -204,6 +298,9 @@ def main() -> int:
         return roots[-1]
 
     try:
+        report_mig(mig_node(root(), args.allocations, args.layouts))
+        if args.mig_only:
+            return 0
         lat = allocate_latency(root(), args.allocations)
         print(f"Allocate latency (vgpu, {GPUS} GPUs, fractional, extender-identified, scheduler registration "
               f"included; n={len(lat)}): p50 {statistics.median(lat):.1f} ms, p99 {percentile(lat, 99):.1f} ms, "

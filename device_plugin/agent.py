@@ -17,7 +17,8 @@ from typing import Any
 from device_plugin import mps, pgpu, vgpu
 from device_plugin.config import PluginConfig
 from device_plugin.kubelet import Endpoint, Registrar, ResourcePlugin
-from device_plugin.labels import cuda_labels, write_feature_file
+from device_plugin.labels import cuda_labels, feature_labels, write_feature_file
+from device_plugin.mig_config import MigConfigManager, MigNode
 from device_plugin.node_topology import NodePatch, NodePublisher, encode
 from device_plugin.pods import PodSource
 from device_plugin.reconcile import Reconciler
@@ -30,6 +31,7 @@ from node_state.gpus import Health, Inventory
 from node_state.health import HealthFactory
 from node_state.layout import NodeLayout
 from node_state.metrics import start_exporter
+from node_state.mig import GPUChange, LayoutApplier, MigRecord
 from node_state.quota_guard import QuotaGuard
 from node_state.schedulers import TokenScheduler
 from node_state.supervisor import Child, Supervisor
@@ -47,7 +49,7 @@ class Agent:
     def __init__(self, config: PluginConfig, *, inventory: Inventory, pods: PodSource,
                  nvml: NVML | None = None, health_factory: HealthFactory | None = None,
                  pod_watch: WatchFactory | None = None, patch_node: NodePatch | None = None,
-                 events: EventRecorder | None = None) -> None:
+                 events: EventRecorder | None = None, mig_node: MigNode | None = None) -> None:
         self.config = config
         self.inventory = inventory
         self.pods = pods
@@ -62,7 +64,7 @@ class Agent:
         self.supervisor = Supervisor(children)
         self.registrar = Registrar([Endpoint(p, config.device_plugin_dir) for p in self.plugins],
                                    config.device_plugin_dir)
-        self.health.subscribe(self.registrar.changed)
+        self.health.subscribe(lambda: self.registrar.changed())   # the registrar is replaced after a MIG layout
         self.health_monitor = health_factory(inventory, self.health.set) if health_factory else None
         in_use = PodResourcesClient(config.pod_resources_socket, timeout_s=5.0).list \
             if config.pod_resources_socket else None
@@ -82,35 +84,105 @@ class Agent:
         # The extender places vgpu requests only: the other modes have nothing to tell it.
         metadata: dict[str, dict[str, str]] = {}
         if config.mode == "vgpu":
-            metadata["annotations"] = {self.names.topology: encode(inventory)}
+            metadata["annotations"] = {self.names.topology: encode(self.shared_inventory())}
         if nvml is not None:
-            metadata["labels"] = cuda_labels(nvml)
+            metadata["labels"] = self._labels()
         self.node_publisher = NodePublisher(patch_node, metadata) \
             if patch_node is not None and metadata else None
+        self.mig_manager = self._mig_manager(mig_node)
         self._stop_exporter: Callable[[], None] | None = None
 
     def _plugins(self, children: list[Child]) -> list[ResourcePlugin]:
         cfg = self.config
         if not self.inventory.gpus:
             raise StartError("no GPUs found on this node; nothing to offer")
+        if cfg.mode == "pgpu":
+            return pgpu.plugins(cfg.mig_strategy, self.inventory, self.health, self.store,
+                                device_list=cfg.device_list_strategy)
+        inventory = self.shared_inventory()
+        if self.inventory.mig.enabled:
+            log.warning("GPU(s) %s are in MIG mode: %s", ", ".join(sorted(self.inventory.mig.enabled)),
+                        "each of their MIG instances is shared as a GPU of its own" if cfg.mode == "vgpu" else
+                        f"{cfg.mode} mode does not offer them (work on a GPU in MIG mode must target a MIG "
+                        "instance; use vgpu mode, or pgpu mode with --mig-strategy)")
+        if not inventory.gpus:
+            raise StartError(f"every GPU of this node is in MIG mode without instances: {cfg.mode} mode has "
+                             "nothing to offer")
         if cfg.mode == "vgpu":
+            for d in self.inventory.mig_devices():
+                self.health.follow(d.uuid, d.parent_uuid)
             host_lib = cfg.host_lib_dir / native.SHIM
             if not host_lib.is_file():
                 raise StartError(f"--host-lib-dir: {host_lib} does not exist; the DaemonSet's init step puts "
                                  "libvcuda.so there for containers to mount")
-            for gpu in self.inventory.gpus:
+            for gpu in inventory.gpus:
                 self.schedulers[gpu.uuid] = TokenScheduler(gpu.uuid, self.layout,
                                                            functools.partial(self.store.tenants, gpu.uuid))
             children.extend(self.schedulers.values())
-            ctx = vgpu.VGPUContext(self.inventory, self.health, self.names, cfg.node_name, self.pods,
+            ctx = vgpu.VGPUContext(inventory, self.health, self.names, cfg.node_name, self.pods,
                                    self.store, self.schedulers, host_lib, device_list=cfg.device_list_strategy,
                                    opt_out_namespaces=cfg.allow_opt_out_namespaces)
             return [vgpu.CorePlugin(ctx), vgpu.MemoryPlugin(ctx)]
-        if cfg.mode == "pgpu":
-            return [pgpu.GPUPlugin(self.inventory, self.health, self.store, device_list=cfg.device_list_strategy)]
-        daemons = {g.uuid: mps.MPSDaemon(g.uuid, self.layout, cfg.mps_control) for g in self.inventory.gpus}
+        daemons = {g.uuid: mps.MPSDaemon(g.uuid, self.layout, cfg.mps_control) for g in inventory.gpus}
         children.extend(daemons.values())
-        return [mps.MPSPlugin(self.inventory, self.health, self.store, daemons, device_list=cfg.device_list_strategy)]
+        return [mps.MPSPlugin(inventory, self.health, self.store, daemons, device_list=cfg.device_list_strategy)]
+
+    def shared_inventory(self) -> Inventory:
+        """What vgpu and mps modes share: vgpu the GPUs without MIG mode and every MIG instance
+        (node_state.gpus.Inventory.shareable), mps the GPUs without MIG mode."""
+        return self.inventory.shareable() if self.config.mode == "vgpu" else self.inventory.whole()
+
+    def _labels(self) -> dict[str, str]:
+        assert self.nvml is not None
+        return {**cuda_labels(self.nvml),
+                **feature_labels(self.nvml, self.inventory, self.config.mode, self.config.mig_strategy)}
+
+    def _mig_manager(self, mig_node: MigNode | None) -> MigConfigManager | None:
+        cfg = self.config
+        if cfg.mig_config is None:
+            return None
+        if self.nvml is None:
+            raise StartError("--mig-config: MIG layouts need NVML")
+        if mig_node is None:
+            log.warning("--mig-config %s: no API server, so no node label to name a layout; layouts are not "
+                        "applied", cfg.mig_config)
+            return None
+        applier = LayoutApplier(self.nvml, MigRecord(self.layout.root / "mig-layout.json"), busy=self._allocated_on)
+        check = pgpu.check_single if cfg.mig_strategy == "single" else None
+        return MigConfigManager(cfg.mig_config, applier, mig_node, on_applied=self._mig_changed, check=check,
+                                retry_s=cfg.resync_s, lock=self.store.lock, retire=self._retire_plugins)
+
+    def _retire_plugins(self) -> None:
+        """A layout changed the node's MIG devices: the current resources refuse Allocate until replaced."""
+        for plugin in self.plugins:
+            if hasattr(plugin, "retired"):
+                plugin.retired = True
+
+    def _allocated_on(self, uuid: str) -> str | None:
+        """The containers allocated on a GPU or MIG device, if any (a layout must not pull it from under them)."""
+        owners = [r for r in self.store.records() if uuid in r.gpus]
+        if not owners:
+            return None
+        names = ", ".join(f"{r.namespace}/{r.pod}/{r.container}" if r.pod else r.key for r in owners[:3])
+        return f"{len(owners)} container(s) allocated on {uuid} ({names})"
+
+    def _mig_changed(self, changes: list[GPUChange]) -> None:
+        """After a layout: the node's MIG devices changed, so are its resources (new sockets, registered
+        again with kubelet) and its labels."""
+        assert self.nvml is not None
+        self.inventory = Inventory.from_nvml(self.nvml)
+        self.plugins = self._plugins([])
+        old = self.registrar
+        self.registrar = Registrar([Endpoint(p, self.config.device_plugin_dir) for p in self.plugins],
+                                   self.config.device_plugin_dir)
+        old.stop()
+        for ep in old.endpoints:   # a resource the layout removed must not linger as a stale socket
+            ep.path.unlink(missing_ok=True)
+        self.registrar.start()
+        if self.node_publisher is not None:
+            self.node_publisher.update({**self.node_publisher.metadata, "labels": self._labels()})
+        log.info("MIG layout changed GPU(s) %s; resources now %s", ", ".join(str(c.index) for c in changes),
+                 ", ".join(p.resource for p in self.plugins))
 
     def start(self) -> None:
         self.config.device_plugin_dir.mkdir(parents=True, exist_ok=True)
@@ -123,6 +195,8 @@ class Agent:
         if self.node_publisher is not None:
             self.node_publisher.start()
         self._start_exporter()
+        if self.mig_manager is not None:
+            self.mig_manager.start()
         self.reconciler.start()
         if self.memory_reconciler is not None:
             self.memory_reconciler.start()
@@ -134,6 +208,8 @@ class Agent:
     def stop(self) -> None:
         if self.pod_watch is not None:
             self.pod_watch.stop()
+        if self.mig_manager is not None:
+            self.mig_manager.stop()
         self.reconciler.stop()
         if self.memory_reconciler is not None:
             self.memory_reconciler.stop()

@@ -16,6 +16,7 @@ from node_state.daemon import StartError
 
 if TYPE_CHECKING:  # the agent's modules load grpc and NVML: only `run` needs them, not `vcuda --help`
     from device_plugin.agent import Agent, WatchFactory
+    from device_plugin.mig_config import MigNode
     from device_plugin.node_topology import NodePatch
     from device_plugin.pods import PodSource
     from kube_contract.events import EventRecorder
@@ -37,6 +38,7 @@ class Cluster:
     watch: WatchFactory | None = None
     patch_node: NodePatch | None = None
     events: EventRecorder | None = None   # None: what would be an Event is only logged
+    mig_node: MigNode | None = None
 
 
 class NoAPIServer(StartError):
@@ -49,6 +51,7 @@ def cluster(kubeconfig: str | None, node: str, *, require: bool = False) -> Clus
     With `require`, no API server raises NoAPIServer instead: vgpu mode finds each container's
     memory request through its pod, and a quota that cannot be applied must not become unlimited.
     """
+    from device_plugin.mig_config import MigNode
     from device_plugin.node_topology import KubeNode
     from device_plugin.pods import KubePods, NoPods, PodWatch
     from kube_contract.events import EventRecorder
@@ -68,7 +71,7 @@ def cluster(kubeconfig: str | None, node: str, *, require: bool = False) -> Clus
         log.warning("no API server (%s): pods are not identified; fine on single-GPU nodes only", exc)
         return Cluster(NoPods(str(exc)))
     return Cluster(KubePods(api), lambda on_event: PodWatch(api, node, on_event), KubeNode(api, node).patch,
-                   EventRecorder(api, component="vcuda-device-plugin", host=node))
+                   EventRecorder(api, component="vcuda-device-plugin", host=node), MigNode(api, node))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
         api = cluster(cfg.kubeconfig, cfg.node_name, require=cfg.mode == "vgpu" and not cfg.without_api_server)
         return Agent(cfg, inventory=Inventory.from_nvml(nvml), pods=api.pods, nvml=nvml, health_factory=health,
-                     pod_watch=api.watch, patch_node=api.patch_node, events=api.events)
+                     pod_watch=api.watch, patch_node=api.patch_node, events=api.events, mig_node=api.mig_node)
 
     from node_state.daemon import serve
 

@@ -34,6 +34,8 @@ Environment variables (all optional):
 ``VCUDA_PLUGIN_ON_OVER_LIMIT``     report or kill a container over its memory limit (report)
 ``VCUDA_PLUGIN_DEVICE_LIST_STRATEGY`` envvar, volume-mounts, cdi-cri (a comma list; envvar)
 ``VCUDA_PLUGIN_ALLOW_OPT_OUT_NAMESPACES`` namespaces whose pods may opt a GPU share out of libvcuda ("")
+``VCUDA_PLUGIN_MIG_STRATEGY``      none, single or mixed (pgpu mode; NVIDIA's names)
+``VCUDA_PLUGIN_MIG_CONFIG``        mig-parted layouts file, applied by node label (pgpu mode)
 =================================  ===========================================
 """
 
@@ -57,6 +59,7 @@ from node_state.options import (
     Option,
     OptionTable,
     log_level,
+    mig_strategy,
     port_number,
     positive_number,
     reconcile_interval,
@@ -116,6 +119,12 @@ OPTIONS: tuple[Option, ...] = (
            "(NVIDIA_VISIBLE_DEVICES), volume-mounts (/var/run/nvidia-container-devices/<uuid>), cdi-cri "
            "(CDI devices nvidia.com/gpu=<uuid>, Kubernetes >= 1.31); a comma list"),
     ALLOW_OPT_OUT_NAMESPACES,
+    Option("mig_strategy", "none", mig_strategy,
+           "pgpu mode: how MIG devices are offered: none (whole GPUs without MIG mode), single (MIG devices "
+           "as nvidia.com/gpu, one profile on the node) or mixed (nvidia.com/mig-<profile> per profile)"),
+    Option("mig_config", None, Path,
+           "pgpu mode: mig-parted layouts file (version v1, mig-configs); the agent applies the layout the "
+           "Node's label nvidia.com/mig.config names ('' or unset: no layouts)"),
 )
 
 
@@ -144,6 +153,8 @@ class PluginConfig:
     on_over_limit: str = REPORT
     device_list_strategy: tuple[str, ...] = (ENVVAR,)
     allow_opt_out_namespaces: frozenset[str] = frozenset()
+    mig_strategy: str = "none"
+    mig_config: Path | None = None
 
 
 TABLE = OptionTable(OPTIONS, ENV_PREFIX, {"node_name": "NODE_NAME"})
@@ -164,6 +175,11 @@ def _config(values: dict[str, Any]) -> PluginConfig:
         values["node_name"] = os.uname().nodename
     if str(values["features_file"]) in ("", "."):
         values["features_file"] = None
+    if str(values["mig_config"]) in ("", ".", "None"):
+        values["mig_config"] = None
+    if values["mode"] != "pgpu" and (values["mig_strategy"] != "none" or values["mig_config"] is not None):
+        raise ConfigError(f"--mig-strategy/--mig-config: MIG devices are offered in pgpu mode only (mode "
+                          f"{values['mode']}: GPUs in MIG mode are not offered until vGPU shares of MIG exist)")
     names = {f.name for f in fields(PluginConfig)}
     return PluginConfig(**{k: v for k, v in values.items() if k in names})
 

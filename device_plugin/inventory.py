@@ -99,6 +99,7 @@ class NodeResource:
         self.health = health
         self.store = store
         self.device_list = tuple(device_list)   # device_list strategies of its Allocate answers
+        self.retired = False   # replaced after a MIG layout: its devices may be gone
 
     def options(self) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(get_preferred_allocation_available=True)

@@ -19,6 +19,8 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from device_plugin.pgpu import mig_name
+from node_state.gpus import Inventory
 from py_vcuda.nvml import NVML
 
 DEFAULT_FEATURES_FILE = Path("/etc/kubernetes/node-feature-discovery/features.d/vcuda")
@@ -46,6 +48,71 @@ def cuda_labels(nvml: NVML) -> dict[str, str]:
     only namespaced names, so the agent patches these onto the Node itself."""
     major, minor = nvml.cuda_driver_version()
     return {"cuda-major-version": str(major), "cuda-minor-version": str(minor)}
+
+
+# Compute capability by product, where NVML cannot tell (the simulator): the families MIG exists on
+# and a few common others (CUDA programming guide's table).
+_COMPUTE_BY_PRODUCT = (("H200", (9, 0)), ("H100", (9, 0)), ("GH200", (9, 0)), ("A100", (8, 0)),
+                       ("A30", (8, 0)), ("A10", (8, 6)), ("L40", (8, 9)), ("L4", (8, 9)), ("T4", (7, 5)),
+                       ("V100", (7, 0)), ("B200", (10, 0)))
+NVIDIA = "nvidia.com"
+# GFD's nvidia.com/gpu.sharing-strategy and gpu.replicas for each vcuda mode: vgpu shares a GPU in
+# time (the token scheduler) as 100 core units, mps in MPS percent; pgpu does not share.
+_SHARING = {"pgpu": ("none", 1), "vgpu": ("time-slicing", 100), "mps": ("mps", 100)}
+
+
+def compute_capability(nvml: NVML, index: int, product: str) -> tuple[int, int] | None:
+    """NVML's answer, else the product's (see _COMPUTE_BY_PRODUCT); None when neither tells."""
+    cc = nvml.compute_capability(index)
+    if cc is not None:
+        return cc
+    return next((cc for key, cc in _COMPUTE_BY_PRODUCT if key in product.split() or
+                 any(w.startswith(key + "-") for w in product.split())), None)
+
+
+def feature_labels(nvml: NVML, inventory: Inventory, mode: str, mig_strategy: str = "none") -> dict[str, str]:
+    """GPU Feature Discovery's labels (their meanings) for what this agent offers, patched on the Node.
+
+    ``gpu.count``/``gpu.memory``/``gpu.product`` describe what ``nvidia.com/gpu`` (or the mode's
+    resource) hands out: whole GPUs without MIG mode, or under the single MIG strategy the MIG
+    devices (product ``<GPU>-MIG-<profile>``, their memory). Under mixed, each profile gets
+    ``nvidia.com/mig-<profile>.count``, ``.memory``, ``.multiprocessors`` and ``.slices.gi``.
+    ``gpu.compute.*`` is left out when neither NVML nor the product name tells it."""
+    whole = inventory.whole().gpus
+    mig = inventory.mig
+    first = (whole or inventory.gpus or (None,))[0]
+    sharing, replicas = _SHARING[mode]
+    labels = {
+        "mig.capable": "true" if mig.gpus else "false",
+        "mig.strategy": mig_strategy,
+        "gpu.replicas": str(replicas),
+        "gpu.sharing-strategy": sharing,
+        "mps.capable": "true" if mode == "mps" else "false",
+    }
+    if first is None:
+        return {f"{NVIDIA}/{k}": label_value(v) for k, v in labels.items()}
+    product, count, memory = first.name, len(whole), first.memory_total if whole else 0
+    devices = mig.devices()
+    if mode == "pgpu" and mig_strategy == "single" and mig.enabled and devices:
+        product = f"{first.name}-MIG-{devices[0].profile}"
+        count, memory = len(devices), devices[0].memory_total
+        labels["gpu.multiprocessors"] = str(devices[0].multiprocessors)
+        labels["gpu.slices.gi"] = str(devices[0].slices)
+    labels.update({"gpu.product": product, "gpu.count": str(count), "gpu.memory": str(memory // MiB)})
+    cc = compute_capability(nvml, first.index, first.name)
+    if cc is not None:
+        labels["gpu.compute.major"], labels["gpu.compute.minor"] = str(cc[0]), str(cc[1])
+    if mode == "pgpu" and mig_strategy == "mixed":
+        by_profile: dict[str, list] = {}
+        for d in devices:
+            by_profile.setdefault(d.profile, []).append(d)
+        for name, devs in by_profile.items():
+            profile = mig_name(name)   # as in the resource name
+            labels[f"mig-{profile}.count"] = str(len(devs))
+            labels[f"mig-{profile}.memory"] = str(devs[0].memory_total // MiB)
+            labels[f"mig-{profile}.multiprocessors"] = str(devs[0].multiprocessors)
+            labels[f"mig-{profile}.slices.gi"] = str(devs[0].slices)
+    return {f"{NVIDIA}/{k}": label_value(v) for k, v in labels.items()}
 
 
 def node_labels(nvml: NVML, mode: str, prefix: str = DEFAULT_PREFIX) -> dict[str, str]:

@@ -5,9 +5,10 @@ the extender finds no GPUs on the node); in every mode the bare labels
 ``cuda-major-version`` and ``cuda-minor-version`` (device_plugin.labels.cuda_labels) that
 users' nodeAffinity names.
 
-The agent patches its Node once at start, from a background thread that keeps
+The agent patches its Node at start, from a background thread that keeps
 retrying (with a growing pause) while the API server cannot be reached, so the
-plugin serves kubelet meanwhile. The format carries no health: unhealthy GPUs
+plugin serves kubelet meanwhile, and again when what it publishes changes (the
+GPU feature labels after a MIG layout, device_plugin.labels). The format carries no health: unhealthy GPUs
 reach the scheduler as unhealthy devices through kubelet, so there is nothing
 to re-publish when health changes. A restarted agent publishes again, which is
 what a changed set of GPUs needs.
@@ -53,7 +54,8 @@ class KubeNode:
 
 
 class NodePublisher:
-    """Patches `metadata` into the Node from a background thread, retrying until it succeeds."""
+    """Patches `metadata` into the Node from a background thread, retrying until it succeeds;
+    `update()` publishes new values later (keys it no longer has are removed from the Node)."""
 
     def __init__(self, patch: NodePatch, metadata: dict[str, dict[str, str]], *, retry_s: float = 1.0,
                  max_retry_s: float = 60.0) -> None:
@@ -62,6 +64,9 @@ class NodePublisher:
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
         self.published = threading.Event()
+        self._lock = threading.Lock()
+        self._pending: dict[str, dict[str, str | None]] | None = {k: dict(v) for k, v in metadata.items()}
+        self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -71,28 +76,62 @@ class NodePublisher:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=15)
+
+    def update(self, metadata: dict[str, dict[str, str]]) -> None:
+        """Publish these values instead; a key published before and absent now is deleted (null in the patch)."""
+        with self._lock:
+            patch: dict[str, dict[str, str | None]] = {}
+            for section in {*self.metadata, *metadata}:
+                new = metadata.get(section, {})
+                old = self.metadata.get(section, {})
+                changed: dict[str, str | None] = {k: v for k, v in new.items() if old.get(k) != v}
+                changed.update({k: None for k in old if k not in new})
+                if changed:
+                    patch[section] = changed
+            self.metadata = metadata
+            if not patch:
+                return
+            if self._pending is not None:   # not sent yet: send the union (a new dict: one may be in flight)
+                merged = {section: dict(values) for section, values in self._pending.items()}
+                for section, values in patch.items():
+                    merged.setdefault(section, {}).update(values)
+                patch = merged
+            self._pending = patch
+            self.published.clear()
+        self._wake.set()
 
     def _run(self) -> None:
         pause = self.retry_s
         failures = 0
         while not self._stop.is_set():
+            with self._lock:
+                pending = self._pending
+            if pending is None:
+                self._wake.wait()
+                self._wake.clear()
+                continue
             try:
-                self.patch(self.metadata)
+                self.patch(pending)  # type: ignore[arg-type]  (None deletes a key in a merge patch)
             except Exception as exc:   # the API server may be down or slow; keep trying, quietly after the first
                 failures += 1
                 (log.warning if failures == 1 else log.debug)(
-                    "node %s not published yet (%s); retrying", self._keys(), _reason(exc))
+                    "node %s not published yet (%s); retrying", _keys(pending), _reason(exc))
                 self._stop.wait(pause)
                 pause = min(pause * 2, self.max_retry_s)
                 continue
-            log.info("published node %s", self._keys())
-            self.published.set()
-            return
+            log.info("published node %s", _keys(pending))
+            pause, failures = self.retry_s, 0
+            with self._lock:
+                if self._pending is pending:
+                    self._pending = None
+                    self.published.set()
 
-    def _keys(self) -> str:
-        return ", ".join(f"{section[:-1]} {key}" for section, values in self.metadata.items() for key in values)
+
+def _keys(metadata: dict[str, dict[str, str | None]]) -> str:
+    return ", ".join(f"{section[:-1]} {key}" for section, values in metadata.items() for key in values)
 
 
 def _reason(exc: Exception) -> str:

@@ -28,15 +28,16 @@ Pods come from a `PodSource`; the real one asks the API server through the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
-import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from device_plugin.kubelet import AllocationError
 from kube_contract import assignment
+from kube_contract.apiclient import ListWatch
 from kube_contract.names import Names
 
 log = logging.getLogger(__name__)
@@ -291,7 +292,7 @@ class NoPods:
         raise OSError(f"no API server ({self.why})")
 
 
-class PodWatch:
+class PodWatch(ListWatch):
     """Watches the pods of one node and calls `on_event()` for every change, so quota
     annotation edits and deletions are acted on at once rather than at the next resync.
 
@@ -302,52 +303,6 @@ class PodWatch:
                  retry_s: float = 2.0) -> None:
         self.api = api            # kubernetes.client.CoreV1Api
         self.node = node
-        self.on_event = on_event
-        self.watch_timeout = watch_timeout
-        self.retry_s = retry_s
-        self.events = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        from kube_contract.apiclient import read_json, watch_lines
-
-        selector = f"spec.nodeName={self.node}"
-        while not self._stop.is_set():
-            try:
-                doc = read_json(self.api.list_pod_for_all_namespaces(field_selector=selector, _preload_content=False,
-                                                                     _request_timeout=60))
-                rv = str((doc.get("metadata") or {}).get("resourceVersion") or "")
-                while not self._stop.is_set():
-                    resp = self.api.list_pod_for_all_namespaces(
-                        field_selector=selector, watch=True, resource_version=rv, allow_watch_bookmarks=True,
-                        timeout_seconds=self.watch_timeout, _preload_content=False,
-                        _request_timeout=self.watch_timeout + 30)
-                    try:
-                        for line in watch_lines(resp):
-                            event = json.loads(line)
-                            obj = event.get("object") or {}
-                            if event.get("type") == "ERROR":
-                                raise RuntimeError(f"watch error: {obj.get('message', obj)}")
-                            rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                            if event.get("type") != "BOOKMARK":
-                                self.events += 1
-                                self.on_event()
-                            if self._stop.is_set():
-                                return
-                    finally:
-                        getattr(resp, "response", resp).release_conn()
-            except Exception as exc:  # the API server may come and go; the resync covers the gap
-                if self._stop.is_set():
-                    return
-                log.warning("pod watch on node %s: %s; relisting in %.0f s", self.node, exc, self.retry_s)
-                self._stop.wait(self.retry_s)
+        super().__init__(functools.partial(api.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}"),
+                         "pod-watch", on_event=lambda _type, _obj: on_event(), watch_timeout=watch_timeout,
+                         retry_s=retry_s)

@@ -267,6 +267,12 @@ def plain_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
+def no_shim_env() -> dict[str, str]:
+    """plain_env(): children without vcuda's variables or preload, any GPU visible."""
+    return plain_env()
+
+
+@pytest.fixture(scope="session")
 def nvml() -> NvmlReader:
     try:
         return NvmlReader(os.environ.get("VCUDA_GPU_TEST_GPU", "0"))

@@ -16,7 +16,7 @@ the DRA driver (dra_driver.kube):
   deletes), after a ``metadata.uid`` precondition when the patch carries one.
 - POST /api/v1/namespaces/NS/pods/NAME/binding sets ``spec.nodeName`` once.
 - POST /api/v1/namespaces/NS/events creates an Event (kept in ``objects["events"]``, key
-  ``NS/NAME``; 409 when the name is taken).
+  ``NS/NAME``; 409 when the name is taken); GET lists them.
 - resource.k8s.io/v1: GET /apis/resource.k8s.io/v1/namespaces/NS/resourceclaims/NAME;
   /apis/resource.k8s.io/v1/resourceslices: GET (list, ``fieldSelector``), POST (create: 409
   when the name is taken), and per NAME GET, PUT (replace: 409 unless ``metadata.resourceVersion``
@@ -172,6 +172,15 @@ class FakeApiServer:
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}]}))
         return path
 
+    def core_v1(self) -> Any:
+        """A kubernetes CoreV1Api on this server (no retries: a test sees each failure)."""
+        from kubernetes import client
+
+        cfg = client.Configuration()
+        cfg.host = self.url
+        cfg.retries = False
+        return client.CoreV1Api(client.ApiClient(cfg))
+
     def put(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Store (add or replace) a copy of ``obj`` with the next resourceVersion; returns the copy."""
         with self.lock:
@@ -204,8 +213,8 @@ class FakeApiServer:
             self.lock.notify_all()
 
 
-KINDS = {"nodes": "Node", "pods": "Pod", "resourceclaims": "ResourceClaim", "resourceslices": "ResourceSlice",
-         "events": "Event"}
+KINDS = {"nodes": "Node", "pods": "Pod", "events": "Event", "resourceclaims": "ResourceClaim",
+         "resourceslices": "ResourceSlice"}
 CLUSTER_SCOPED = ("nodes", "resourceslices")
 RESOURCE_API = "resource.k8s.io/v1"
 
@@ -227,10 +236,10 @@ def _route(path: str) -> tuple[str, str | None, str | None] | None:
             return kind, None, None
         case ["api", "v1", "nodes", name]:
             return "nodes", name, None
+        case ["api", "v1", "namespaces", _namespace, "events"]:
+            return "events", None, None
         case ["api", "v1", "namespaces", namespace, "pods", name]:
             return "pods", f"{namespace}/{name}", None
-        case ["api", "v1", "namespaces", _, "events"]:
-            return "events", None, None
         case ["api", "v1", "namespaces", namespace, "pods", name, sub]:
             return "pods", f"{namespace}/{name}", sub
     return None

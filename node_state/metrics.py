@@ -33,6 +33,8 @@ EXPORTED_WAIT_BOUNDS_S = frozenset({0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 # `tenant` is the container's record key (ContainerRecord.key): unique on the node, so two rows with the same
 # names (bare-metal runs of one command, records pod-resources cannot name) stay two series.
 CONTAINER_LABELS = [*GPU_LABELS, "namespace", "pod", "container", "tenant"]
+# A MIG instance: its parent GPU's labels, then the instance's MIG-<uuid> and profile.
+MIG_LABELS = [*GPU_LABELS, "mig_instance", "profile"]
 
 
 def _gpu_label(index: int | None) -> str:
@@ -96,6 +98,17 @@ def snapshot_metrics(snap: NodeSnapshot, scrape_s: float | None = None) -> list[
                 labels, g.usage.temperature_c)
         if g.usage.power_w is not None:
             f.gauge("vcuda_gpu_power_watts", "Power draw (NVML)", GPU_LABELS).add_metric(labels, g.usage.power_w)
+    for m in snap.mig:
+        labels = [snap.node, str(m.gpu), m.parent_uuid, modes.get(m.parent_uuid, snap.mode), m.uuid, m.profile]
+        f.gauge("vcuda_mig_instance_info", "MIG instance of a GPU in MIG mode (value 1)", MIG_LABELS).add_metric(
+            labels, 1)
+        f.gauge("vcuda_mig_instance_memory_total_bytes", "The instance's device memory (NVML)",
+                MIG_LABELS).add_metric(labels, m.memory_total)
+        if m.memory_used is not None:
+            f.gauge("vcuda_mig_instance_memory_used_bytes", "Device memory in use on the instance (NVML)",
+                    MIG_LABELS).add_metric(labels, m.memory_used)
+        f.gauge("vcuda_mig_instance_containers", "Containers allocated on the instance", MIG_LABELS).add_metric(
+            labels, sum(1 for c in snap.containers if c.uuid == m.uuid))
     for c in snap.containers:
         _container_metrics(f, snap, c)
     if scrape_s is not None:

@@ -123,12 +123,25 @@ class ContainerGPU:
 
 
 @dataclass(frozen=True)
+class MigInstanceState:
+    """One MIG instance (MIG device) of a GPU in MIG mode."""
+
+    gpu: int                           # the parent GPU's node index
+    parent_uuid: str
+    uuid: str                          # MIG-<uuid>
+    profile: str                       # "1g.10gb"
+    memory_used: int | None            # bytes; None: NVML did not answer
+    memory_total: int
+
+
+@dataclass(frozen=True)
 class NodeSnapshot:
     node: str
     mode: str                          # the node's sharing mode ("" unknown): for GPUs without containers
     gpus: tuple[GPUState, ...]
     containers: tuple[ContainerGPU, ...]
     errors: tuple[str, ...]            # unreadable records, dead schedulers: shown, never fatal
+    mig: tuple[MigInstanceState, ...] = ()   # instances of the GPUs in MIG mode
 
 
 class _Scheduler:
@@ -257,6 +270,27 @@ class NodeReader:
             log.debug("NVML usage of GPU %d: %s", index, exc)
             return None
 
+    def _mig(self, infos: list[GPUInfo]) -> list[MigInstanceState]:
+        """The MIG instances of the GPUs in MIG mode (read every time: layouts change them)."""
+        if self.nvml is None:
+            return []
+        out = []
+        for g in infos:
+            try:
+                mode = self.nvml.mig_mode(g.index)
+                devices = self.nvml.mig_devices(g.index) if mode is not None and mode[0] else []
+            except Exception as exc:  # NVML errors are not one class across versions
+                log.debug("NVML MIG devices of GPU %d: %s", g.index, exc)
+                continue
+            for d in devices:
+                try:
+                    used: int | None = self.nvml.mig_memory(d.uuid)[0]
+                except Exception as exc:
+                    log.debug("NVML memory of %s: %s", d.uuid, exc)
+                    used = None
+                out.append(MigInstanceState(g.index, g.uuid, d.uuid, d.profile, used, d.memory_total))
+        return out
+
     def _record(self, directory: Path) -> ContainerRecord:
         path = directory / RECORD_FILE
         st = os.stat(path)
@@ -329,6 +363,7 @@ class NodeReader:
     def snapshot(self) -> NodeSnapshot:
         errors: list[str] = []
         infos = self.gpu_infos()
+        mig = self._mig(infos)
         index_of = {g.uuid: g.index for g in infos}
         containers = self._containers(errors)
 
@@ -338,6 +373,12 @@ class NodeReader:
         wanted: dict[Path, dict[str, object] | None] = {}
         for g in infos:
             wanted[sched_dirs[g.uuid]] = None
+        for m in mig:   # vgpu mode: a token scheduler per MIG instance, where it runs one
+            directory = self.layout.scheduler_dir(m.uuid)
+            sched_dirs[m.uuid] = directory
+            if directory.exists():
+                wanted[directory] = None
+                gpu_of_dir[directory] = m.gpu
         for record, _ in containers:
             if SCHEDULER_DIR_KEY in record.extra:
                 wanted[Path(record.extra[SCHEDULER_DIR_KEY])] = None
@@ -360,6 +401,7 @@ class NodeReader:
                 window_s=float(stats["window_s"]) if stats else None,  # type: ignore[arg-type]
             ))
         usage_by_uuid = {g.uuid: g.usage for g in gpus}
+        index_of.update({m.uuid: m.gpu for m in mig})   # a container on a MIG instance: its parent's index
 
         rows: list[ContainerGPU] = []
         now = self.clock()
@@ -380,7 +422,8 @@ class NodeReader:
         self._gpu_time = gpu_time  # containers gone are forgotten
         if looked_up and self.pod_resources is not None and self.pod_resources.last_error:
             errors.append(self.pod_resources.last_error)
-        return NodeSnapshot(self.node, self._node_mode(containers), tuple(gpus), tuple(rows), tuple(errors))
+        return NodeSnapshot(self.node, self._node_mode(containers), tuple(gpus), tuple(rows), tuple(errors),
+                            tuple(mig))
 
     def _pod_ref(self, record: ContainerRecord) -> tuple[str, str, str]:
         if record.pod or self.pod_resources is None:

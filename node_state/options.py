@@ -82,6 +82,16 @@ def namespace_list(text: str) -> NameSet:
     return names
 
 
+MIG_STRATEGIES = ("none", "single", "mixed")
+
+
+def mig_strategy(text: str) -> str:
+    """How MIG devices are offered (NVIDIA's k8s-device-plugin names): none, single or mixed."""
+    if text not in MIG_STRATEGIES:
+        raise ValueError(f"must be one of {', '.join(MIG_STRATEGIES)}")
+    return text
+
+
 def positive_number(text: str) -> float:
     value = float(text)
     if value <= 0:

@@ -7,7 +7,9 @@ one is an error rather than a silent mix.
 
 Topology (NUMA node, NVLink peers), XID events (`watch_xids`) and a cheap
 health query (`probe`) serve the device plugin's placement and health checks;
-per-process memory (`processes`) the memory reconciler.
+per-process memory (`processes`) the memory reconciler. MIG (mode, profiles,
+instances, create/destroy at a placement) serves node_state.mig, the node's one
+MIG view for the device plugin and the DRA driver.
 """
 
 from __future__ import annotations
@@ -60,6 +62,52 @@ class ProcessMemory:
 
     pid: int            # in the host's pid namespace, whatever namespace the process lives in
     used: int | None    # device memory it holds, everything the driver holds for it; None: NVML cannot tell
+
+
+@dataclass(frozen=True)
+class MigPlacement:
+    """Where a GPU instance sits, in NVML's memory-slice units: slices [start, start + size)."""
+
+    start: int
+    size: int
+
+    def overlaps(self, other: MigPlacement) -> bool:
+        return self.start < other.start + other.size and other.start < self.start + self.size
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """A GPU-instance profile a MIG-capable GPU offers (nvmlDeviceGetGpuInstanceProfileInfoV)."""
+
+    id: int                  # NVML's profile id, what create takes
+    name: str                # "1g.10gb", "1g.10gb+me"
+    slices: int              # compute slices
+    memory: int              # bytes
+    multiprocessors: int
+    max_instances: int       # instances of this profile the GPU can hold at once
+    placements: tuple[MigPlacement, ...]
+    copy_engines: int = 0
+    decoders: int = 0
+    encoders: int = 0
+    jpegs: int = 0
+    ofas: int = 0
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG device: a GPU instance with its one compute instance spanning it."""
+
+    parent_index: int
+    parent_uuid: str
+    uuid: str                # MIG-<uuid>, what NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES take
+    profile: str             # "1g.10gb"
+    profile_id: int
+    gpu_instance: int        # GI id on its parent
+    compute_instance: int    # CI id within the GI
+    placement: MigPlacement
+    memory_total: int        # bytes
+    multiprocessors: int
+    slices: int
 
 
 def library_path() -> str:
@@ -116,6 +164,7 @@ class NVML:
         except pynvml.NVMLError as exc:
             raise NVMLUnavailable(f"NVML ({self.path}) did not initialise: {exc}") from exc
         self._open = True
+        self._profiles: dict[int, list[MigProfile]] = {}   # a GPU's MIG profiles, once listed, never change
 
     def close(self) -> None:
         if self._open:
@@ -236,6 +285,138 @@ class NVML:
         return [ProcessMemory(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory))
                 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
 
+    def compute_capability(self, index: int) -> tuple[int, int] | None:
+        """The GPU's CUDA compute capability, e.g. (9, 0); None where NVML cannot tell."""
+        cc = _optional(pynvml.nvmlDeviceGetCudaComputeCapability, self.handle(index))
+        return None if cc is None else (int(cc[0]), int(cc[1]))
+
+    # ---- MIG --------------------------------------------------------------
+
+    def mig_mode(self, index: int) -> tuple[bool, bool] | None:
+        """(enabled now, enabled after the next reset); None: the GPU is not MIG-capable."""
+        try:
+            current, pending = pynvml.nvmlDeviceGetMigMode(self.handle(index))
+        except pynvml.NVMLError as exc:
+            if exc.value in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                return None
+            raise
+        return current == pynvml.NVML_DEVICE_MIG_ENABLE, pending == pynvml.NVML_DEVICE_MIG_ENABLE
+
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        """Enable or disable MIG mode; raises NVMLError (IN_USE on a busy GPU, or while instances exist)."""
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
+        pynvml.nvmlDeviceSetMigMode(self.handle(index), mode)
+
+    def mig_profiles(self, index: int) -> list[MigProfile]:
+        """The GPU-instance profiles this GPU supports (empty when not MIG-capable)."""
+        if index in self._profiles:
+            return list(self._profiles[index])
+        profiles = self._read_profiles(index)
+        if profiles:   # none while MIG mode is off (NVML lists them in MIG mode only): ask again later
+            self._profiles[index] = profiles
+        return profiles
+
+    def _read_profiles(self, index: int) -> list[MigProfile]:
+        h = self.handle(index)
+        out = []
+        for pindex in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, pindex)
+            except pynvml.NVMLError:
+                continue   # not a profile of this GPU
+            out.append(MigProfile(
+                id=int(info.id), name=_profile_name(info), slices=int(info.sliceCount),
+                memory=int(info.memorySizeMB) << 20, multiprocessors=int(info.multiprocessorCount),
+                max_instances=int(info.instanceCount), placements=self._placements(h, int(info.id)),
+                copy_engines=int(info.copyEngineCount), decoders=int(info.decoderCount),
+                encoders=int(info.encoderCount), jpegs=int(info.jpegCount), ofas=int(info.ofaCount)))
+        return out
+
+    @staticmethod
+    def _placements(h, profile_id: int) -> tuple[MigPlacement, ...]:  # type: ignore[no-untyped-def]
+        count = ctypes.c_uint(0)
+        try:
+            pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, profile_id, None, ctypes.byref(count))
+        except pynvml.NVMLError as exc:
+            if exc.value != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                return ()
+        if not count.value:
+            return ()
+        arr = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
+        pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, profile_id, arr, ctypes.byref(count))
+        return tuple(MigPlacement(int(p.start), int(p.size)) for p in arr[:count.value])
+
+    def mig_devices(self, index: int) -> list[MigDevice]:
+        """The GPU's MIG devices, in NVML's MIG index order (empty when MIG mode is off)."""
+        parent = self.handle(index)
+        parent_uuid = _text(pynvml.nvmlDeviceGetUUID(parent))
+        profiles = {p.id: p for p in self.mig_profiles(index)}
+        try:
+            top = int(pynvml.nvmlDeviceGetMaxMigDeviceCount(parent))
+        except pynvml.NVMLError:
+            return []
+        out = []
+        for i in range(top):
+            try:
+                h = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, i)
+            except pynvml.NVMLError as exc:
+                if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
+                    continue   # no MIG device at this index
+                raise
+            out.append(self._mig_device(index, parent, parent_uuid, h, profiles))
+        return out
+
+    def _mig_device(self, index: int, parent, parent_uuid: str, h,  # type: ignore[no-untyped-def]
+                    profiles: dict[int, MigProfile]) -> MigDevice:
+        gi_id = int(pynvml.nvmlDeviceGetGpuInstanceId(h))
+        gi = pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(parent, gi_id))
+        profile = profiles.get(int(gi.profileId))
+        attrs = _optional(pynvml.nvmlDeviceGetAttributes_v2, h)
+        return MigDevice(
+            parent_index=index, parent_uuid=parent_uuid, uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
+            profile=profile.name if profile else f"profile-{int(gi.profileId)}", profile_id=int(gi.profileId),
+            gpu_instance=gi_id, compute_instance=int(pynvml.nvmlDeviceGetComputeInstanceId(h)),
+            placement=MigPlacement(int(gi.placement.start), int(gi.placement.size)),
+            memory_total=int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+            multiprocessors=int(attrs.multiprocessorCount) if attrs is not None else (
+                profile.multiprocessors if profile else 0),
+            slices=int(attrs.gpuInstanceSliceCount) if attrs is not None else (profile.slices if profile else 0))
+
+    def mig_memory(self, uuid: str) -> tuple[int, int]:
+        """(used, total) bytes of the MIG device with this MIG-<uuid>."""
+        mem = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(uuid.encode()))
+        return int(mem.used), int(mem.total)
+
+    def create_mig_device(self, index: int, profile_id: int, placement: MigPlacement) -> MigDevice:
+        """A GPU instance of this profile at this placement, with one compute instance spanning it
+        (as ``nvidia-smi mig -cgi <p> -C`` makes). Raises NVMLError; a half-made GI is destroyed."""
+        parent = self.handle(index)
+        place = pynvml.c_nvmlGpuInstancePlacement_t()
+        place.start, place.size = placement.start, placement.size
+        # NVML takes a pointer to the placement; pynvml passes its argument on as it is.
+        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(parent, profile_id, ctypes.byref(place))
+        try:
+            gi_info = pynvml.nvmlGpuInstanceGetInfo(gi)
+            ci_profile = _full_compute_profile(gi, self._profile_slices(index, profile_id))
+            pynvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile)
+        except BaseException:
+            _optional(pynvml.nvmlGpuInstanceDestroy, gi)
+            raise
+        made = next((d for d in self.mig_devices(index) if d.gpu_instance == int(gi_info.id)), None)
+        if made is None:
+            raise NVMLUnavailable(f"GPU {index}: created GPU instance {int(gi_info.id)} has no MIG device handle")
+        return made
+
+    def _profile_slices(self, index: int, profile_id: int) -> int:
+        return next((p.slices for p in self.mig_profiles(index) if p.id == profile_id), 1)
+
+    def destroy_mig_device(self, index: int, gpu_instance: int) -> None:
+        """Destroy a GPU instance and its compute instances. Raises NVMLError (IN_USE on a busy instance)."""
+        gi = pynvml.nvmlDeviceGetGpuInstanceById(self.handle(index), gpu_instance)
+        for ci in _compute_instances(gi):
+            pynvml.nvmlComputeInstanceDestroy(ci)
+        pynvml.nvmlGpuInstanceDestroy(gi)
+
     def usage(self, index: int) -> GPUUsage:
         h = self.handle(index)
         mem = pynvml.nvmlDeviceGetMemoryInfo(h)
@@ -253,6 +434,41 @@ class NVML:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+# Compute-instance profile index of the one CI that spans a GI of this many slices.
+_CI_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+
+
+def _full_compute_profile(gi, slices: int) -> int:  # type: ignore[no-untyped-def]
+    """NVML's id of the compute-instance profile that spans the whole GI."""
+    index = _CI_PROFILE_BY_SLICES.get(slices, 0)
+    info = _optional(pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, index,
+                     pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+    return index if info is None else int(info.id)
+
+
+def _compute_instances(gi) -> list:  # type: ignore[no-untyped-def]
+    out = []
+    for index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+        info = _optional(pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, index,
+                         pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+        if info is None:
+            continue
+        count = ctypes.c_uint(0)
+        arr = (pynvml.c_nvmlComputeInstance_t * 8)()
+        if _optional(pynvml.nvmlGpuInstanceGetComputeInstances, gi, int(info.id), arr, ctypes.byref(count)) is None:
+            continue
+        out.extend(arr[:count.value])
+    return out
+
+
+def _profile_name(info) -> str:  # type: ignore[no-untyped-def]
+    """"1g.10gb" from NVML's "MIG 1g.10gb"; from slices and memory where the driver gives no name."""
+    name = _text(getattr(info, "name", b"") or b"").strip()
+    if name:
+        return name.removeprefix("MIG ").strip()
+    return f"{int(info.sliceCount)}g.{(int(info.memorySizeMB) + 1023) // 1024}gb"
 
 
 def _sysfs_bus_id(bus_id: str) -> str:

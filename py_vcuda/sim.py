@@ -68,6 +68,24 @@ typedef struct vcudasim_process {
     uint64_t mem[8];
     uint64_t pending_ns;
 } vcudasim_process;
+typedef struct vcudasim_mig_instance {
+    char profile[32];
+    uint32_t gi_id;
+    uint32_t ci_id;
+    uint32_t start, size;
+    uint32_t device;
+    uint32_t processes;
+    char uuid[96];
+    uint64_t capacity;
+    uint64_t used;
+} vcudasim_mig_instance;
+typedef struct vcudasim_mig {
+    uint32_t capable;
+    uint32_t mode;
+    uint32_t count;
+    uint32_t reserved;
+    vcudasim_mig_instance instances[7];
+} vcudasim_mig;
 int vcudasim_api_version(void);
 vcudasim_state *vcudasim_open(const char *path, int create);
 void vcudasim_close(vcudasim_state *st);
@@ -79,9 +97,10 @@ uint64_t vcudasim_busy_in_window(vcudasim_state *st, unsigned dev, uint64_t wind
 uint64_t vcudasim_now_ns(void);
 int64_t vcudasim_inject_xid(vcudasim_state *st, unsigned dev, uint64_t xid);
 int vcudasim_set_lost(vcudasim_state *st, unsigned dev, int lost);
+int vcudasim_mig_info(vcudasim_state *st, unsigned dev, vcudasim_mig *out);
 """
 
-API_VERSION = 4
+API_VERSION = 5
 GiB = 1 << 30
 MiB = 1 << 20
 KiB = 1 << 10
@@ -138,6 +157,12 @@ class SimConfig:
     pool_chunk: int = 32 * MiB  # stream-ordered pools grow by multiples of this
     kernel_code: int = 0  # code bytes of a kernel no module descriptor describes
     timeslice_us: int = 2000  # round-robin slice between processes' kernels
+    # MIG per device: "" not MIG-capable, "off", "on", or "on:1g.10gb,3g.40gb" (MIG mode
+    # with these GPU instances, each with its compute instance, at the first free
+    # placements); None: no device is MIG-capable. MIG-capable devices are mig_model's
+    # GPU ("h100-80gb" or "a100-40gb"): its memory, SMs and name.
+    mig: list[str] | None = None
+    mig_model: str = "h100-80gb"
 
     def env(self) -> dict[str, str]:
         """Environment variables a child process needs to use this simulator."""
@@ -155,6 +180,7 @@ class SimConfig:
             "VCUDA_SIM_POOL_CHUNK": str(self.pool_chunk),
             "VCUDA_SIM_KERNEL_CODE": str(self.kernel_code),
             "VCUDA_SIM_TIMESLICE_US": str(self.timeslice_us),
+            "VCUDA_SIM_MIG_MODEL": self.mig_model,
         }
         if self.uuids:
             env["VCUDA_SIM_UUIDS"] = ",".join(self.uuids)
@@ -162,6 +188,8 @@ class SimConfig:
             env["VCUDA_SIM_NAMES"] = ",".join(self.names)
         if self.numa is not None:
             env["VCUDA_SIM_NUMA"] = ",".join(str(n) for n in self.numa)
+        if self.mig is not None:
+            env["VCUDA_SIM_MIG"] = ";".join(self.mig)
         if self.nvswitch:
             env["VCUDA_SIM_NVLINK"] = "switch"
         elif self.nvlink:
@@ -201,6 +229,29 @@ class ProcessStats:
     host_pid: int = 0  # what NVML reports (pid + its VCUDA_SIM_HOST_PID_OFFSET)
     memory: MemoryBreakdown = MemoryBreakdown()
     pending_ns: int = 0  # kernel time queued, not yet served
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A GPU instance and its compute instance (the MIG device)."""
+
+    profile: str  # "1g.10gb"
+    gi_id: int
+    ci_id: int | None  # None: no compute instance (no MIG device)
+    start: int  # placement, in memory slices
+    size: int
+    device: int | None  # the MIG device's index for SimReader.device()/processes()
+    uuid: str  # "MIG-..." ("" without a compute instance)
+    memory_total: int
+    memory_used: int  # live processes
+    processes: int  # live processes holding memory or a context on it
+
+
+@dataclass(frozen=True)
+class MigState:
+    capable: bool
+    enabled: bool
+    instances: tuple[MigInstance, ...] = ()  # by GPU instance id
 
 
 class SimError(RuntimeError):
@@ -309,6 +360,20 @@ class SimReader:
     def process(self, pid: int, device: int = 0) -> ProcessStats | None:
         """The live process ``pid`` (as it sees itself) on the device, if it holds anything."""
         return next((p for p in self.processes(device) if p.pid == pid), None)
+
+    def mig(self, device: int) -> MigState:
+        """The GPU's MIG mode and instances."""
+        m = _ffi.new("vcudasim_mig *")
+        if self._lib.vcudasim_mig_info(self._state(), device, m) != 0:
+            raise SimError(f"no simulated device {device} in {self.path}")
+        return MigState(capable=bool(m.capable), enabled=bool(m.mode), instances=tuple(
+            MigInstance(
+                profile=_ffi.string(g.profile).decode(), gi_id=g.gi_id,
+                ci_id=None if g.ci_id == 0xFFFFFFFF else g.ci_id, start=g.start, size=g.size,
+                device=g.device if g.ci_id != 0xFFFFFFFF else None,
+                uuid=_ffi.string(g.uuid).decode(), memory_total=g.capacity, memory_used=g.used,
+                processes=g.processes)
+            for g in m.instances[0:m.count]))
 
     def busy_in_window(self, device: int = 0, window_ns: int = 1_000_000_000) -> int:
         return int(self._lib.vcudasim_busy_in_window(self._state(), device, window_ns))

@@ -106,9 +106,13 @@ def render(snap: NodeSnapshot) -> RenderableType:
     """The whole frame for one snapshot (pure)."""
     modes = gpu_modes(snap)
     parts: list[RenderableType] = [Text(f"vcuda top — {snap.node}", style="bold")]
-    known = {g.uuid for g in snap.gpus}
+    known = {g.uuid for g in snap.gpus} | {m.uuid for m in snap.mig}
     for g in snap.gpus:
         parts.append(_tenant_table(_gpu_title(g, modes[g.uuid]), [r for r in snap.containers if r.uuid == g.uuid]))
+        for m in (m for m in snap.mig if m.parent_uuid == g.uuid):   # a GPU in MIG mode: each instance
+            used = "?" if m.memory_used is None else _bytes(m.memory_used)
+            title = f"  GPU {g.index} MIG {m.profile}  {m.uuid}  mem {used} / {_bytes(m.memory_total)}"
+            parts.append(_tenant_table(title, [r for r in snap.containers if r.uuid == m.uuid]))
     others = [r for r in snap.containers if r.uuid not in known]
     if others:
         parts.append(_tenant_table("GPUs not seen by NVML", others))

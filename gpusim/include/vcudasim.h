@@ -69,6 +69,25 @@
  *    before the injection, in every process; each device keeps its last 64.
  *  - A lost device (vcudasim_set_lost) answers every NVML query with
  *    NVML_ERROR_GPU_IS_LOST; CUDA is not affected.
+ *  - MIG (gpusim/src/mig.c, nvml_mig.c). VCUDA_SIM_MIG, one ';'-separated
+ *    entry per device: "" not MIG-capable, "off", "on", or
+ *    "on:1g.10gb,1g.10gb,3g.40gb" (GPU instances, each with a compute
+ *    instance spanning it, created in order at the lowest free placement).
+ *    VCUDA_SIM_MIG_MODEL (h100-80gb, default, or a100-40gb) gives the
+ *    profiles (NVIDIA's MIG user guide: slices, memory, SMs, engines,
+ *    instance counts, placements) and a MIG-capable device's memory, SMs
+ *    and name. A GPU has 8 memory slices and 7 compute slices; a GPU
+ *    instance fits when its placement is one its profile allows, its memory
+ *    slices are free, compute slices stay within 7 and its profile's
+ *    instance count (and one OFA) is not exceeded. NVML's MIG calls work as
+ *    NVML's; mode changes take effect at once on an idle GPU (busy:
+ *    NVML_ERROR_IN_USE). Each MIG device (GPU instance + compute instance)
+ *    is a simulated device of its own: index 16 + gpu * 7 + slot for
+ *    vcudasim_device_info / vcudasim_processes, its own memory, SMs and
+ *    timeline (instances never time-slice with each other), UUID "MIG-" + a
+ *    hash of the parent UUID and the instance ids. CUDA sees a GPU in MIG
+ *    mode only as its MIG devices; CUDA_VISIBLE_DEVICES=MIG-<uuid> (or a
+ *    prefix, or MIG-GPU-<uuid>/<gi>/<ci>) names one.
  *
  * What the device holds beyond the pointers (issue 12). Every figure below is
  * charged to the process on its device at the moment said, shows in
@@ -207,8 +226,8 @@
 extern "C" {
 #endif
 
-#define VCUDASIM_API_VERSION 4 /* 2: topology, XID injection, lost devices; 3: memory breakdown, host pids;
-                                  4: time slicing */
+#define VCUDASIM_API_VERSION 5 /* 2: topology, XID injection, lost devices; 3: memory breakdown, host pids;
+                                  4: time slicing; 5: MIG */
 
 /* What device memory is made of: index into vcudasim_process.mem. */
 enum {
@@ -270,6 +289,28 @@ typedef struct vcudasim_process {
     uint64_t pending_ns;     /* kernel time queued, not yet served */
 } vcudasim_process;
 
+/* One GPU instance (and its compute instance, the MIG device). */
+typedef struct vcudasim_mig_instance {
+    char profile[32];        /* "1g.10gb" */
+    uint32_t gi_id;          /* GPU instance id */
+    uint32_t ci_id;          /* compute instance id; UINT32_MAX: none */
+    uint32_t start, size;    /* placement, in memory slices */
+    uint32_t device;         /* the MIG device's index for vcudasim_device_info and
+                              * vcudasim_processes (0 without a compute instance) */
+    uint32_t processes;      /* live processes holding memory or a context on it */
+    char uuid[96];           /* "MIG-..." ("" without a compute instance) */
+    uint64_t capacity;       /* bytes */
+    uint64_t used;           /* bytes, live processes only */
+} vcudasim_mig_instance;
+
+typedef struct vcudasim_mig {
+    uint32_t capable;        /* 1: MIG-capable */
+    uint32_t mode;           /* 1: MIG mode enabled */
+    uint32_t count;          /* instances[0, count), by GPU instance id */
+    uint32_t reserved;
+    vcudasim_mig_instance instances[7];
+} vcudasim_mig;
+
 int vcudasim_api_version(void);
 
 /* Opens the state file at path (NULL: $VCUDA_SIM_STATE or
@@ -282,7 +323,8 @@ const char *vcudasim_last_error(void); /* this thread's last failure */
 int vcudasim_get_config(vcudasim_state *st, vcudasim_config *out);
 
 /* Device stats, the schedule advanced to now; -1 for a bad index.
- * Reclaims dead processes first. */
+ * Reclaims dead processes first. dev: a GPU (0..devices-1) or a live MIG
+ * device (vcudasim_mig_instance.device). */
 int vcudasim_device_info(vcudasim_state *st, unsigned dev, vcudasim_device *out);
 
 /* Live processes that hold memory or a context on dev, or ran kernels on it.
@@ -294,6 +336,9 @@ int vcudasim_processes(vcudasim_state *st, unsigned dev, vcudasim_process *out, 
 uint64_t vcudasim_busy_in_window(vcudasim_state *st, unsigned dev, uint64_t window_ns);
 
 uint64_t vcudasim_now_ns(void); /* CLOCK_MONOTONIC, the timeline's clock */
+
+/* GPU dev's MIG mode and instances; -1 for a bad index. */
+int vcudasim_mig_info(vcudasim_state *st, unsigned dev, vcudasim_mig *out);
 
 /* Raises XID xid on dev: an nvmlEventTypeXidCriticalError event with
  * eventData = xid for every event set registered on dev. Returns the event's

@@ -140,6 +140,88 @@ static int parse_nvlink(const char *list, struct sim_config *cfg, char *err, siz
     }
 }
 
+/* VCUDA_SIM_MIG_MODEL: the profile table of MIG-capable devices. */
+static int parse_mig_model(const char *key, struct sim_config *cfg, char *err, size_t errlen)
+{
+    if (!key || !*key)
+        key = sim_mig_models[0].key;
+    for (unsigned i = 0; i < sim_mig_nmodels; i++) {
+        if (strcmp(sim_mig_models[i].key, key) == 0) {
+            cfg->mig_model = i;
+            return 0;
+        }
+    }
+    snprintf(err, errlen, "VCUDA_SIM_MIG_MODEL=%s: want h100-80gb or a100-40gb", key);
+    return -1;
+}
+
+/* One VCUDA_SIM_MIG entry: "" (not MIG-capable), "off", "on" or
+ * "on:1g.10gb,3g.40gb" (GPU instances, each with its compute instance,
+ * created in order at the first free placement). */
+static int parse_mig_entry(const char *e, size_t len, unsigned dev, struct sim_config *cfg,
+                           char *err, size_t errlen)
+{
+    struct sim_mig *mig = &cfg->mig[dev];
+    const struct sim_mig_model *m = &sim_mig_models[cfg->mig_model];
+    if (len == 0)
+        return 0;
+    mig->capable = 1;
+    if (len == 3 && strncmp(e, "off", 3) == 0)
+        return 0;
+    if (len < 2 || strncmp(e, "on", 2) != 0 || (len > 2 && e[2] != ':')) {
+        snprintf(err, errlen, "VCUDA_SIM_MIG entry %u (%.*s): want off, on or on:<profiles>",
+                 dev, (int)len, e);
+        return -1;
+    }
+    mig->mode = 1;
+    const char *end = e + len;
+    for (const char *p = e + 3; len > 2 && p < end;) {
+        const char *comma = memchr(p, ',', (size_t)(end - p));
+        size_t n = comma ? (size_t)(comma - p) : (size_t)(end - p);
+        int prof = sim_mig_profile_by_name(m, p, n);
+        unsigned start, k;
+        for (k = 0; k < SIM_MIG_MAX && mig->gi[k].live; k++) {
+        }
+        if (prof < 0) {
+            snprintf(err, errlen, "VCUDA_SIM_MIG entry %u: no profile %.*s on a %s", dev,
+                     (int)n, p, m->key);
+            return -1;
+        }
+        if (sim_gi_place(mig, m, (unsigned)prof, -1, &start) != SIM_MIG_OK) {
+            snprintf(err, errlen, "VCUDA_SIM_MIG entry %u: %.*s does not fit beside the "
+                     "instances before it", dev, (int)n, p);
+            return -1;
+        }
+        unsigned size = m->profiles[prof].mem_slices;
+        mig->gi[k] = (struct sim_gi){.live = 1, .profile = (unsigned)prof, .start = start,
+                                     .size = size, .id = sim_gi_id(start, size), .ci_live = 1};
+        p += n + 1;
+    }
+    return 0;
+}
+
+static int parse_mig(const char *list, struct sim_config *cfg, char *err, size_t errlen)
+{
+    if (!list || !*list)
+        return 0;
+    const char *p = list;
+    for (unsigned i = 0; p; i++) {
+        const char *semi = strchr(p, ';');
+        size_t len = semi ? (size_t)(semi - p) : strlen(p);
+        if (i >= cfg->ndev) {
+            if (len == 0 && !semi)
+                return 0; /* a trailing ';' */
+            snprintf(err, errlen, "VCUDA_SIM_MIG=%s: more entries than the %u devices", list,
+                     cfg->ndev);
+            return -1;
+        }
+        if (parse_mig_entry(p, len, i, cfg, err, errlen) != 0)
+            return -1;
+        p = semi ? semi + 1 : NULL;
+    }
+    return 0;
+}
+
 int sim_config_from_env(struct sim_config *cfg, char *err, size_t errlen)
 {
     uint64_t ndev, max_pending, driver, sms, threads, timeslice_us;
@@ -186,7 +268,9 @@ int sim_config_from_env(struct sim_config *cfg, char *err, size_t errlen)
     cfg->timeslice_ns = timeslice_us * 1000;
     cfg->driver_version = (int32_t)driver;
     if (parse_numa(getenv("VCUDA_SIM_NUMA"), cfg, err, errlen) ||
-        parse_nvlink(getenv("VCUDA_SIM_NVLINK"), cfg, err, errlen))
+        parse_nvlink(getenv("VCUDA_SIM_NVLINK"), cfg, err, errlen) ||
+        parse_mig_model(getenv("VCUDA_SIM_MIG_MODEL"), cfg, err, errlen) ||
+        parse_mig(getenv("VCUDA_SIM_MIG"), cfg, err, errlen))
         return -1;
     for (unsigned i = 0; i < cfg->ndev; i++) {
         /* Deterministic, real-looking UUIDs: GPU-5157a0c0-0000-4000-8000-00000000000<i>. */
@@ -197,6 +281,7 @@ int sim_config_from_env(struct sim_config *cfg, char *err, size_t errlen)
     split_list(getenv("VCUDA_SIM_NAMES"), cfg->name, cfg->ndev);
     /* A single name applies to every device. */
     const char *names = getenv("VCUDA_SIM_NAMES");
+    cfg->names_set = names && *names;
     if (names && *names && !strchr(names, ','))
         for (unsigned i = 1; i < cfg->ndev; i++)
             memcpy(cfg->name[i], cfg->name[0], SIM_STR);

@@ -13,23 +13,82 @@
 
 struct sim_local sim = {.mu = PTHREAD_MUTEX_INITIALIZER, .slot = -1};
 
-/* CUDA_VISIBLE_DEVICES as the real driver reads it: indices or UUIDs
- * (a unique prefix is enough), in order; the list ends at the first
- * invalid, unknown or repeated entry. Unset: every device. */
+/* Adds a simulated device to the visible list; false if it is there already. */
+static bool add_visible(unsigned phys)
+{
+    for (int k = 0; k < sim.nvisible; k++)
+        if (sim.visible[k] == phys)
+            return false;
+    if (sim.nvisible < SIM_MAX_PHYS)
+        sim.visible[sim.nvisible++] = phys;
+    return true;
+}
+
+/* A GPU as CUDA sees it: itself, or in MIG mode its MIG devices (a GPU in
+ * MIG mode never runs work as a whole). false: nothing to add. */
+static bool add_gpu(const struct sim_shared *sh, unsigned i)
+{
+    unsigned mig[SIM_MIG_MAX];
+    if (!sh->mig[i].mode)
+        return add_visible(i);
+    unsigned n = sim_mig_devices(sh, i, mig);
+    for (unsigned k = 0; k < n; k++)
+        if (!add_visible(mig[k]))
+            return false;
+    return n > 0;
+}
+
+/* "MIG-<uuid>" (a unique prefix is enough) or the older
+ * "MIG-GPU-<uuid>/<gpu instance>/<compute instance>". -1: none. */
+static int find_mig(const struct sim_shared *sh, const char *tok, size_t len)
+{
+    int found = -1;
+    if (strncmp(tok, "MIG-GPU-", 8) == 0) {
+        const char *slash = strchr(tok, '/');
+        unsigned gi, ci;
+        char tail;
+        if (!slash || sscanf(slash, "/%u/%u%c", &gi, &ci, &tail) != 2)
+            return -1;
+        for (unsigned d = 0; d < sh->ndev; d++) {
+            if (strncmp(sh->dev[d].uuid, tok + 4, (size_t)(slash - tok - 4)) != 0 ||
+                sh->dev[d].uuid[slash - tok - 4] != '\0')
+                continue;
+            for (unsigned k = 0; k < SIM_MIG_MAX; k++) {
+                const struct sim_gi *g = &sh->mig[d].gi[k];
+                if (sim_phys_valid(sh, SIM_MIG_PHYS(d, k)) && g->id == gi && g->ci_id == ci)
+                    return (int)SIM_MIG_PHYS(d, k);
+            }
+        }
+        return -1;
+    }
+    for (unsigned p = SIM_MAX_DEVICES; p < SIM_MAX_PHYS; p++) {
+        if (sim_phys_valid(sh, p) && strncmp(sh->dev[p].uuid, tok, len) == 0) {
+            if (found >= 0)
+                return -1; /* ambiguous prefix */
+            found = (int)p;
+        }
+    }
+    return found;
+}
+
+/* CUDA_VISIBLE_DEVICES as the real driver reads it: indices, GPU UUIDs or
+ * MIG device UUIDs (a unique prefix is enough), in order; the list ends at
+ * the first invalid, unknown or repeated entry. Unset: every device. A GPU
+ * in MIG mode stands for its MIG devices (NVIDIA's MIG user guide, "CUDA
+ * device enumeration"). */
 static void parse_visible(const struct sim_shared *sh)
 {
     const char *env = getenv("CUDA_VISIBLE_DEVICES");
     sim.nvisible = 0;
     if (!env) {
         for (unsigned i = 0; i < sh->ndev; i++)
-            sim.visible[sim.nvisible++] = i;
+            add_gpu(sh, i);
         return;
     }
-    char buf[1024];
+    char buf[4096];
     snprintf(buf, sizeof buf, "%s", env);
     char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok && sim.nvisible < SIM_MAX_DEVICES;
-         tok = strtok_r(NULL, ",", &save)) {
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         while (isspace((unsigned char)*tok))
             tok++;
         size_t len = strlen(tok);
@@ -41,6 +100,11 @@ static void parse_visible(const struct sim_shared *sh)
             long idx = strtol(tok, &end, 10);
             if (*end == '\0' && idx >= 0 && idx < (long)sh->ndev)
                 found = (int)idx;
+        } else if (len > 4 && strncmp(tok, "MIG-", 4) == 0) {
+            int p = find_mig(sh, tok, len);
+            if (p < 0 || !add_visible((unsigned)p))
+                return;
+            continue;
         } else if (len) {
             for (unsigned i = 0; i < sh->ndev; i++) {
                 if (strncmp(sh->dev[i].uuid, tok, len) == 0) {
@@ -52,12 +116,8 @@ static void parse_visible(const struct sim_shared *sh)
                 }
             }
         }
-        if (found < 0)
+        if (found < 0 || !add_gpu(sh, (unsigned)found))
             return;
-        for (int k = 0; k < sim.nvisible; k++)
-            if (sim.visible[k] == (unsigned)found)
-                return;
-        sim.visible[sim.nvisible++] = (unsigned)found;
     }
 }
 
@@ -238,7 +298,7 @@ SIM_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
  * hex (a custom VCUDA_SIM_UUIDS entry) gets a stable FNV-1a hash instead. */
 static void uuid_bytes(const char *s, CUuuid *out)
 {
-    const char *p = strncmp(s, "GPU-", 4) == 0 ? s + 4 : s;
+    const char *p = strncmp(s, "GPU-", 4) == 0 || strncmp(s, "MIG-", 4) == 0 ? s + 4 : s;
     int n = 0;
     for (; *p && n < 32; p++) {
         if (*p == '-')
@@ -275,7 +335,7 @@ SIM_EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 
 SIM_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
-    return cuDeviceGetUuid(uuid, dev); /* same bytes: no MIG in the simulator */
+    return cuDeviceGetUuid(uuid, dev); /* a MIG device's own UUID in both */
 }
 
 SIM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
@@ -296,7 +356,7 @@ SIM_EXPORT CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = sim_ordinal(dev, &phys);
     if (rc == CUDA_SUCCESS)
-        snprintf(pciBusId, (size_t)len, "0000:%02X:00.0", 0x10 + phys);
+        snprintf(pciBusId, (size_t)len, "0000:%02X:00.0", 0x10 + sim_phys_parent(phys));
     return rc;
 }
 
@@ -327,11 +387,11 @@ SIM_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUd
     case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: *pi = 2619000; break;
     case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: *pi = 5120; break;
     case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: *pi = 52428800; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = (int)sim.sh->sms; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = (int)sim.sh->dev[phys].sms; break;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *pi = (int)sim.sh->threads_per_sm; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = 0x10 + (int)phys; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = 0x10 + (int)sim_phys_parent(phys); break;
     case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
     case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *pi = 0; break;
     case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: *pi = 3; break;

@@ -47,7 +47,7 @@ struct graph_reserve {
 
 static pthread_mutex_t gmu = PTHREAD_MUTEX_INITIALIZER;
 static struct sim_graph_mem *execs; /* executable graphs with memory nodes */
-static struct graph_reserve reserve[SIM_MAX_DEVICES]; /* by physical device */
+static struct graph_reserve reserve[SIM_MAX_PHYS]; /* by physical device */
 static uint32_t reserve_gen; /* sim.gen the reserve belongs to: a fork child starts empty */
 
 static struct graph_reserve *reserve_of(unsigned phys)

@@ -9,6 +9,8 @@
 
 _Static_assert((int)VCUDASIM_MEM_KINDS == (int)SIM_MEM_KINDS, "one breakdown");
 _Static_assert((int)VCUDASIM_MEM_GRAPH == (int)SIM_MEM_GRAPH, "same order");
+_Static_assert(sizeof(((vcudasim_mig *)0)->instances) / sizeof(vcudasim_mig_instance) ==
+                   SIM_MIG_MAX, "one entry per GPU-instance slot");
 
 #define VS_EXPORT __attribute__((visibility("default")))
 
@@ -78,7 +80,7 @@ static bool proc_on(const struct sim_proc *p, unsigned d)
 
 VS_EXPORT int vcudasim_device_info(vcudasim_state *st, unsigned dev, vcudasim_device *out)
 {
-    if (!st || !out || dev >= st->sh->ndev)
+    if (!st || !out || !sim_phys_valid(st->sh, dev))
         return -1;
     struct sim_shared *sh = st->sh;
     const struct sim_device *d = &sh->dev[dev];
@@ -113,7 +115,7 @@ VS_EXPORT int vcudasim_device_info(vcudasim_state *st, unsigned dev, vcudasim_de
 VS_EXPORT int vcudasim_processes(vcudasim_state *st, unsigned dev, vcudasim_process *out,
                                  int cap)
 {
-    if (!st || dev >= st->sh->ndev || cap < 0 || (cap > 0 && !out))
+    if (!st || !sim_phys_valid(st->sh, dev) || cap < 0 || (cap > 0 && !out))
         return -1;
     struct sim_shared *sh = st->sh;
     int n = 0;
@@ -139,7 +141,7 @@ VS_EXPORT int vcudasim_processes(vcudasim_state *st, unsigned dev, vcudasim_proc
 
 VS_EXPORT uint64_t vcudasim_busy_in_window(vcudasim_state *st, unsigned dev, uint64_t window_ns)
 {
-    if (!st || dev >= st->sh->ndev)
+    if (!st || !sim_phys_valid(st->sh, dev))
         return 0;
     sim_lock(st->sh);
     uint64_t busy = sim_utilization_window(st->sh, dev, sim_now_ns(), window_ns);
@@ -164,5 +166,44 @@ VS_EXPORT int vcudasim_set_lost(vcudasim_state *st, unsigned dev, int lost)
     if (!st || dev >= st->sh->ndev)
         return -1;
     __atomic_store_n(&st->sh->dev[dev].lost, lost ? 1u : 0u, __ATOMIC_RELEASE);
+    return 0;
+}
+
+VS_EXPORT int vcudasim_mig_info(vcudasim_state *st, unsigned dev, vcudasim_mig *out)
+{
+    if (!st || !out || dev >= st->sh->ndev)
+        return -1;
+    struct sim_shared *sh = st->sh;
+    const struct sim_mig *mig = &sh->mig[dev];
+    memset(out, 0, sizeof *out);
+    sim_lock(sh);
+    sim_reap_dead(sh);
+    out->capable = mig->capable;
+    out->mode = mig->mode;
+    for (unsigned id = 0; id < 2 * SIM_MIG_SLICES - 1; id++) {
+        for (unsigned k = 0; k < SIM_MIG_MAX; k++) {
+            const struct sim_gi *g = &mig->gi[k];
+            if (!g->live || g->id != id)
+                continue;
+            vcudasim_mig_instance *in = &out->instances[out->count++];
+            unsigned phys = SIM_MIG_PHYS(dev, k);
+            snprintf(in->profile, sizeof in->profile, "%s",
+                     sim_mig_model(sh)->profiles[g->profile].name);
+            in->gi_id = g->id;
+            in->ci_id = g->ci_live ? g->ci_id : UINT32_MAX;
+            in->start = g->start;
+            in->size = g->size;
+            if (!g->ci_live)
+                continue;
+            in->device = phys;
+            memcpy(in->uuid, sh->dev[phys].uuid, sizeof in->uuid);
+            in->capacity = sh->dev[phys].capacity;
+            in->used = sim_device_used(sh, phys);
+            for (uint32_t i = 0; i < sh->nproc_hw; i++)
+                in->processes += proc_on(&sh->proc[i], phys) &&
+                                 (sh->proc[i].used[phys] || sh->proc[i].contexts[phys]);
+        }
+    }
+    sim_unlock(sh);
     return 0;
 }

@@ -49,7 +49,7 @@ static void describe(struct shared_desc *d, const char *magic, uint64_t addr, ui
  * these GPUs. */
 static CUresult check_desc(const struct shared_desc *d, const char *magic)
 {
-    if (memcmp(d->magic, magic, sizeof d->magic) != 0 || d->phys >= sim.sh->ndev)
+    if (memcmp(d->magic, magic, sizeof d->magic) != 0 || !sim_phys_valid(sim.sh, d->phys))
         return CUDA_ERROR_INVALID_VALUE;
     bool alive = false;
     sim_lock(sim.sh);

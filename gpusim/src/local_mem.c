@@ -47,9 +47,9 @@ static uint64_t above(uint64_t v, uint64_t base)
     return v > base ? v - base : 0;
 }
 
-static uint64_t local_bytes(uint64_t stack)
+static uint64_t local_bytes(unsigned phys, uint64_t stack)
 {
-    return above(stack, DEFAULT_STACK) * sim.sh->sms * sim.sh->threads_per_sm;
+    return above(stack, DEFAULT_STACK) * sim.sh->dev[phys].sms * sim.sh->threads_per_sm;
 }
 
 static uint64_t limits_bytes(const struct sim_ctx_mem *m)
@@ -61,7 +61,8 @@ static uint64_t limits_bytes(const struct sim_ctx_mem *m)
 /* Caller holds sim.mu. */
 static CUresult set_stack(struct sim_ctx *c, struct sim_ctx_mem *m, uint64_t stack)
 {
-    CUresult rc = sim_alloc_resize(&m->local_key, local_bytes(stack), c, SIM_ALLOC_LOCAL);
+    CUresult rc =
+        sim_alloc_resize(&m->local_key, local_bytes(c->phys, stack), c, SIM_ALLOC_LOCAL);
     if (rc == CUDA_SUCCESS)
         __atomic_store_n(&m->stack, stack, __ATOMIC_RELEASE);
     return rc;

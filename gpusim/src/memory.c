@@ -14,6 +14,10 @@ CUresult sim_charge_as(unsigned phys, enum sim_mem kind, uint64_t bytes)
     struct sim_shared *sh = sim.sh;
     uint64_t cap = sh->dev[phys].capacity;
     sim_lock(sh);
+    if (!sim_phys_usable(sh, phys)) { /* MIG mode changed, or the instance is gone */
+        sim_unlock(sh);
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     uint64_t used = sim_device_used(sh, phys);
     if (used > cap || bytes > cap - used) {
         sim_reap_dead(sh); /* dead processes' memory first, as a real driver has */

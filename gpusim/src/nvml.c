@@ -1,12 +1,14 @@
 /* The NVML side (libvcuda-sim-nvml.so): the same shared state, seen as
  * nvidia-smi sees a GPU. Device-wide, physical view: CUDA_VISIBLE_DEVICES is
- * ignored, as by the real NVML. */
+ * ignored, as by the real NVML. MIG calls are in nvml_mig.c; the device
+ * queries here also take MIG device handles (uuid, name, memory, processes). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "nvml_mig_abi.h"
 #include "nvml_topo_abi.h"
 
 #include "sim.h"
@@ -156,12 +158,37 @@ static nvmlReturn_t device_of(nvmlDevice_t h, struct sim_shared **sh, unsigned *
     if (!(*sh = state()))
         return NVML_ERROR_UNINITIALIZED;
     if (!d || d < devices || d >= devices + SIM_MAX_DEVICES || d->magic != NVML_DEV_MAGIC ||
-        d->index >= (*sh)->ndev)
-        return NVML_ERROR_INVALID_ARGUMENT;
+        d->index >= (*sh)->ndev) {
+        unsigned phys; /* a MIG device handle: as NVML, most GPU queries do not apply */
+        return sim_nvml_mig_device(h, sh, &phys) == NVML_SUCCESS ? NVML_ERROR_NOT_SUPPORTED
+                                                                 : NVML_ERROR_INVALID_ARGUMENT;
+    }
     if (__atomic_load_n(&(*sh)->dev[d->index].lost, __ATOMIC_ACQUIRE))
         return NVML_ERROR_GPU_IS_LOST;
     *index = d->index;
     return NVML_SUCCESS;
+}
+
+struct sim_shared *sim_nvml_state(void)
+{
+    return state();
+}
+
+nvmlReturn_t sim_nvml_gpu(nvmlDevice_t h, struct sim_shared **sh, unsigned *index)
+{
+    return device_of(h, sh, index);
+}
+
+nvmlDevice_t sim_nvml_gpu_handle(unsigned index)
+{
+    return (nvmlDevice_t)&devices[index];
+}
+
+/* A GPU or a MIG device handle: the simulated device it names. */
+static nvmlReturn_t target_of(nvmlDevice_t h, struct sim_shared **sh, unsigned *phys)
+{
+    nvmlReturn_t rc = sim_nvml_mig_device(h, sh, phys);
+    return rc == NVML_ERROR_NOT_FOUND ? device_of(h, sh, phys) : rc;
 }
 
 static nvmlReturn_t copy_string(const char *s, char *out, unsigned int length)
@@ -242,23 +269,33 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_
             return NVML_SUCCESS;
         }
     }
-    return NVML_ERROR_NOT_FOUND;
+    return sim_nvml_mig_by_uuid(uuid, device);
+}
+
+/* Copies a device's uuid or name under the lock (a MIG device's may change). */
+static nvmlReturn_t copy_field(nvmlDevice_t device, bool uuid, char *out, unsigned int length)
+{
+    struct sim_shared *sh;
+    unsigned i;
+    char buf[SIM_STR];
+    nvmlReturn_t rc = target_of(device, &sh, &i);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    sim_lock(sh);
+    memcpy(buf, uuid ? sh->dev[i].uuid : sh->dev[i].name, sizeof buf);
+    sim_unlock(sh);
+    buf[SIM_STR - 1] = '\0';
+    return copy_string(buf, out, length);
 }
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
-    struct sim_shared *sh;
-    unsigned i;
-    nvmlReturn_t rc = device_of(device, &sh, &i);
-    return rc ? rc : copy_string(sh->dev[i].uuid, uuid, length);
+    return copy_field(device, true, uuid, length);
 }
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
-    struct sim_shared *sh;
-    unsigned i;
-    nvmlReturn_t rc = device_of(device, &sh, &i);
-    return rc ? rc : copy_string(sh->dev[i].name, name, length);
+    return copy_field(device, false, name, length);
 }
 
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
@@ -278,17 +315,29 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned 
     return nvmlDeviceGetIndex(device, minorNumber); /* /dev/nvidia<i> */
 }
 
+/* The simulated devices a handle covers: a MIG device; a GPU and, in MIG
+ * mode, all its MIG devices. Caller holds the shared lock. */
+static unsigned covered(const struct sim_shared *sh, unsigned phys, unsigned *out)
+{
+    out[0] = phys;
+    if (phys >= SIM_MAX_DEVICES)
+        return 1;
+    return 1 + sim_mig_devices(sh, phys, out + 1);
+}
+
 static nvmlReturn_t memory(nvmlDevice_t device, uint64_t *total, uint64_t *used)
 {
     struct sim_shared *sh;
-    unsigned i;
-    nvmlReturn_t rc = device_of(device, &sh, &i);
+    unsigned i, phys[1 + SIM_MIG_MAX];
+    nvmlReturn_t rc = target_of(device, &sh, &i);
     if (rc != NVML_SUCCESS)
         return rc;
     sim_lock(sh);
     sim_reap_dead(sh);
     *total = sh->dev[i].capacity;
-    *used = sim_device_used(sh, i);
+    *used = 0;
+    for (unsigned n = covered(sh, i, phys), k = 0; k < n; k++)
+        *used += sim_device_used(sh, phys[k]);
     sim_unlock(sh);
     if (*used > *total)
         *used = *total;
@@ -344,33 +393,39 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
  * the needed count. Each process appears under its host pid (as NVML sees
  * processes from the host's pid namespace) with all the device memory it
  * holds: allocations, contexts, pool reserves, local memory, module code,
- * graph memory. */
+ * graph memory. A GPU in MIG mode lists the processes of all its MIG devices,
+ * each with its instance ids. */
 static nvmlReturn_t running(nvmlDevice_t device, unsigned int *count, void *infos, bool v1)
 {
     struct sim_shared *sh;
-    unsigned i;
+    unsigned i, phys[1 + SIM_MIG_MAX];
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
-    nvmlReturn_t rc = device_of(device, &sh, &i);
+    nvmlReturn_t rc = target_of(device, &sh, &i);
     if (rc != NVML_SUCCESS)
         return rc;
     unsigned n = 0;
     sim_lock(sh);
     sim_reap_dead(sh);
-    for (uint32_t k = 0; k < sh->nproc_hw; k++) {
-        const struct sim_proc *p = &sh->proc[k];
-        if (!p->pid || (!p->used[i] && !p->contexts[i]))
-            continue;
-        if (n < *count && infos) {
-            if (v1)
-                ((nvmlProcessInfo_v1_t *)infos)[n] = (nvmlProcessInfo_v1_t){
-                    .pid = (unsigned)p->host_pid, .usedGpuMemory = p->used[i]};
-            else
-                ((nvmlProcessInfo_t *)infos)[n] = (nvmlProcessInfo_t){
-                    .pid = (unsigned)p->host_pid, .usedGpuMemory = p->used[i],
-                    .gpuInstanceId = NVML_NO_INSTANCE, .computeInstanceId = NVML_NO_INSTANCE};
+    unsigned ndevs = covered(sh, i, phys);
+    for (unsigned d = 0; d < ndevs; d++) {
+        unsigned at = phys[d], gi = NVML_NO_INSTANCE, ci = NVML_NO_INSTANCE;
+        sim_nvml_mig_ids(at, &gi, &ci);
+        for (uint32_t k = 0; k < sh->nproc_hw; k++) {
+            const struct sim_proc *p = &sh->proc[k];
+            if (!p->pid || (!p->used[at] && !p->contexts[at]))
+                continue;
+            if (n < *count && infos) {
+                if (v1)
+                    ((nvmlProcessInfo_v1_t *)infos)[n] = (nvmlProcessInfo_v1_t){
+                        .pid = (unsigned)p->host_pid, .usedGpuMemory = p->used[at]};
+                else
+                    ((nvmlProcessInfo_t *)infos)[n] = (nvmlProcessInfo_t){
+                        .pid = (unsigned)p->host_pid, .usedGpuMemory = p->used[at],
+                        .gpuInstanceId = gi, .computeInstanceId = ci};
+            }
+            n++;
         }
-        n++;
     }
     sim_unlock(sh);
     rc = n > *count || (n && !infos) ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;

@@ -61,8 +61,8 @@ struct sim_pool {
 
 static pthread_mutex_t pmu = PTHREAD_MUTEX_INITIALIZER;
 static struct sim_pool *all_pools;                    /* every pool ever made, under pmu */
-static struct sim_pool *default_pool[SIM_MAX_DEVICES]; /* by ordinal, made on first use */
-static struct sim_pool *current_pool[SIM_MAX_DEVICES]; /* NULL: the default */
+static struct sim_pool *default_pool[SIM_MAX_PHYS]; /* by ordinal, made on first use */
+static struct sim_pool *current_pool[SIM_MAX_PHYS]; /* NULL: the default */
 
 static bool pool_valid(const struct sim_pool *p)
 {

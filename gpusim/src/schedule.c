@@ -138,8 +138,9 @@ void sim_sched_advance(struct sim_shared *sh, unsigned phys, uint64_t now)
 
 void sim_sched_advance_all(struct sim_shared *sh, uint64_t now)
 {
-    for (unsigned i = 0; i < sh->ndev; i++)
-        sim_sched_advance(sh, i, now);
+    for (unsigned i = 0; i < SIM_MAX_PHYS; i++)
+        if (sim_phys_valid(sh, i))
+            sim_sched_advance(sh, i, now);
 }
 
 uint64_t sim_sched_predict(const struct sim_shared *sh, unsigned phys, int slot, uint64_t pos,

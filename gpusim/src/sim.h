@@ -18,8 +18,17 @@
 #include <vcuda/cuda_abi.h>
 
 #define SIM_MAGIC 0x4d49534144554356ULL /* "VCUDASIM" */
-#define SIM_VERSION 4u /* 2: NUMA, NVLink, XID events, lost flag; 3: memory breakdown, host pids; 4: time-sliced schedule */
+#define SIM_VERSION 5u /* 2: NUMA, NVLink, XID events, lost flag; 3: memory breakdown, host pids; 4: time-sliced schedule;
+                      * 5: MIG */
 #define SIM_MAX_DEVICES 16
+/* MIG: each GPU has room for SIM_MIG_MAX GPU instances (slots); the MIG device
+ * (compute instance) of slot k of GPU d is simulated device SIM_MIG_PHYS(d, k),
+ * with its own memory and timeline. Every per-device array is SIM_MAX_PHYS long. */
+#define SIM_MIG_MAX 7
+#define SIM_MAX_PHYS (SIM_MAX_DEVICES + SIM_MAX_DEVICES * SIM_MIG_MAX)
+#define SIM_MIG_PHYS(d, k) (SIM_MAX_DEVICES + (d) * SIM_MIG_MAX + (k))
+#define SIM_MIG_SLICES 8 /* memory slices: placements are in these units */
+#define SIM_MIG_GPCS 7   /* compute slices */
 #define SIM_MAX_PROCS 1024
 #define SIM_RUNS 512 /* busy runs kept per device for utilization */
 #define SIM_STR 96
@@ -70,7 +79,7 @@ struct sim_device {
     int32_t numa_node;     /* -1: no NUMA information (NVML_ERROR_NOT_SUPPORTED) */
     uint32_t nvlink_peers; /* bit i: one NVLink to physical device i */
     uint32_t lost;         /* atomic; 1: NVML queries return NVML_ERROR_GPU_IS_LOST */
-    uint32_t pad;
+    uint32_t sms;          /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */
     uint64_t xid_seq;      /* sequence number of the last XID injected; under the lock */
     struct sim_xid xids[SIM_XID_RING];
     /* The time-sliced schedule (schedule.c), advanced lazily to sched_ns. */
@@ -92,16 +101,36 @@ struct sim_proc {
     int32_t pid; /* 0: free slot */
     int32_t host_pid; /* what NVML reports: pid + the process's VCUDA_SIM_HOST_PID_OFFSET */
     uint64_t start_time; /* /proc/<pid>/stat field 22: survives pid reuse */
-    uint64_t used[SIM_MAX_DEVICES];
+    uint64_t used[SIM_MAX_PHYS];
     /* Work queue per device, as cumulative ns: a kernel of d ns launched when
      * queued_ns was q completes when busy_ns (served) reaches q + d. */
-    uint64_t queued_ns[SIM_MAX_DEVICES];
-    uint64_t busy_ns[SIM_MAX_DEVICES];
-    uint64_t kernels[SIM_MAX_DEVICES]; /* launched */
-    uint32_t contexts[SIM_MAX_DEVICES];
-    uint64_t mem[SIM_MAX_DEVICES][SIM_MEM_KINDS]; /* used[d] broken down */
+    uint64_t queued_ns[SIM_MAX_PHYS];
+    uint64_t busy_ns[SIM_MAX_PHYS];
+    uint64_t kernels[SIM_MAX_PHYS]; /* launched */
+    uint32_t contexts[SIM_MAX_PHYS];
+    uint64_t mem[SIM_MAX_PHYS][SIM_MEM_KINDS]; /* used[d] broken down */
     uint32_t seg_head, seg_count; /* ring of its last SIM_SEGS service stretches */
     struct sim_seg segs[SIM_SEGS];
+};
+
+/* A GPU instance (mig.c) and its compute instance, which spans it: the MIG
+ * device. The slot's simulated device SIM_MIG_PHYS holds the MIG device's
+ * uuid, name, memory, SMs and timeline while ci_live. */
+struct sim_gi {
+    uint32_t live;         /* 1: the GPU instance exists */
+    uint32_t profile;      /* index in the model's profile table */
+    uint32_t start, size;  /* placement, in memory slices */
+    uint32_t id;           /* GPU instance id (from the placement, as NVML numbers them) */
+    uint32_t ci_live;      /* 1: its compute instance exists */
+    uint32_t ci_id;
+    uint32_t pad;
+    uint64_t serial;       /* unique per creation: stale NVML handles are refused */
+};
+
+struct sim_mig {
+    uint32_t capable; /* 1: MIG-capable */
+    uint32_t mode;    /* 1: MIG mode enabled */
+    struct sim_gi gi[SIM_MIG_MAX];
 };
 
 struct sim_shared {
@@ -124,7 +153,11 @@ struct sim_shared {
     uint32_t threads_per_sm; /* CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR */
     uint64_t pool_chunk;     /* stream-ordered pools grow by multiples of this */
     uint64_t kernel_code;    /* code bytes of a kernel its image does not describe */
-    struct sim_device dev[SIM_MAX_DEVICES];
+    uint32_t mig_model;      /* index in sim_mig_models */
+    uint32_t pad;
+    uint64_t mig_serial;     /* last sim_gi.serial handed out */
+    struct sim_mig mig[SIM_MAX_DEVICES];
+    struct sim_device dev[SIM_MAX_PHYS]; /* [0, ndev): GPUs; then MIG devices */
     struct sim_proc proc[SIM_MAX_PROCS];
 };
 
@@ -143,7 +176,64 @@ struct sim_config {
     bool nvswitch;
     uint32_t sms, threads_per_sm;
     uint64_t pool_chunk, kernel_code;
+    bool names_set; /* VCUDA_SIM_NAMES given: MIG-capable devices keep them */
+    uint32_t mig_model;
+    struct sim_mig mig[SIM_MAX_DEVICES]; /* VCUDA_SIM_MIG, instances placed already */
 };
+
+/* mig.c: the MIG model. Profiles as NVIDIA's MIG user guide documents them. */
+struct sim_mig_profile {
+    const char *name;     /* "1g.10gb" */
+    uint32_t nvml_index;  /* NVML_GPU_INSTANCE_PROFILE_* */
+    uint32_t id;          /* profile id (nvmlGpuInstanceProfileInfo_t.id, nvidia-smi's) */
+    uint32_t slices;      /* compute slices */
+    uint32_t mem_slices;  /* placement size */
+    uint32_t starts;      /* bit s: placement start s is valid */
+    uint32_t max_count;
+    uint32_t sms, copy_engines, decoders, encoders, jpegs, ofas;
+    uint64_t memory_mb;
+};
+struct sim_mig_model {
+    const char *key;  /* VCUDA_SIM_MIG_MODEL */
+    const char *name; /* the GPU's name */
+    uint64_t memory;  /* the GPU's memory, bytes */
+    uint32_t sms;
+    unsigned nprofiles;
+    const struct sim_mig_profile *profiles;
+};
+enum sim_mig_rc { /* mapped to NVML errors by nvml.c */
+    SIM_MIG_OK = 0,
+    SIM_MIG_INVALID,       /* bad profile or placement */
+    SIM_MIG_NO_RESOURCES,  /* does not fit */
+    SIM_MIG_IN_USE,        /* a process or an instance is in the way */
+    SIM_MIG_NOT_SUPPORTED  /* not MIG-capable, or MIG mode off */
+};
+extern const struct sim_mig_model sim_mig_models[];
+extern const unsigned sim_mig_nmodels;
+const struct sim_mig_model *sim_mig_model(const struct sim_shared *sh);
+int sim_mig_profile_by_name(const struct sim_mig_model *m, const char *name, size_t len);
+/* GPU instances on a MIG table alone (also used on the configuration before
+ * the state exists). start < 0: the first free placement. */
+enum sim_mig_rc sim_gi_place(const struct sim_mig *mig, const struct sim_mig_model *m,
+                             unsigned profile, int start, unsigned *out_start);
+unsigned sim_gi_remaining(const struct sim_mig *mig, const struct sim_mig_model *m,
+                          unsigned profile);
+unsigned sim_gi_id(unsigned start, unsigned size); /* GPU instance id of a placement */
+/* Callers hold the shared lock. */
+enum sim_mig_rc sim_gi_create(struct sim_shared *sh, unsigned dev, unsigned profile, int start,
+                              unsigned *slot);
+enum sim_mig_rc sim_gi_destroy(struct sim_shared *sh, unsigned dev, unsigned slot);
+enum sim_mig_rc sim_ci_create(struct sim_shared *sh, unsigned dev, unsigned slot);
+enum sim_mig_rc sim_ci_destroy(struct sim_shared *sh, unsigned dev, unsigned slot);
+enum sim_mig_rc sim_mig_set_mode(struct sim_shared *sh, unsigned dev, bool on);
+void sim_mig_device_init(struct sim_shared *sh, unsigned dev, unsigned slot); /* its MIG device */
+bool sim_phys_busy(const struct sim_shared *sh, unsigned phys); /* a live process holds it */
+bool sim_phys_valid(const struct sim_shared *sh, unsigned phys); /* a GPU or a live MIG device */
+bool sim_phys_usable(const struct sim_shared *sh, unsigned phys); /* ... not a GPU in MIG mode */
+unsigned sim_phys_parent(unsigned phys); /* the GPU a MIG device is on (a GPU: itself) */
+/* The MIG devices of GPU dev, by GPU instance id (phys: SIM_MIG_MAX entries). */
+unsigned sim_mig_devices(const struct sim_shared *sh, unsigned dev, unsigned *phys);
+void sim_mig_uuid(const char *parent_uuid, unsigned gi, unsigned ci, char *out, size_t len);
 
 /* config.c */
 int sim_parse_quantity(const char *s, uint64_t *out); /* 0 ok, -1 bad */
@@ -301,10 +391,10 @@ struct sim_local {
     bool initialized;
     CUresult init_err;
     int nvisible;
-    unsigned visible[SIM_MAX_DEVICES]; /* ordinal -> physical index */
-    struct sim_ctx *primary[SIM_MAX_DEVICES];
-    unsigned primary_refs[SIM_MAX_DEVICES];
-    unsigned primary_flags[SIM_MAX_DEVICES];
+    unsigned visible[SIM_MAX_PHYS]; /* ordinal -> physical index */
+    struct sim_ctx *primary[SIM_MAX_PHYS];
+    unsigned primary_refs[SIM_MAX_PHYS];
+    unsigned primary_flags[SIM_MAX_PHYS];
     unsigned long long next_ctx_id;
     uint32_t gen;
     bool eager_modules; /* CUDA_MODULE_LOADING=EAGER at cuInit */

@@ -39,13 +39,31 @@ static void init_shared(struct sim_shared *sh, const struct sim_config *cfg, boo
     sh->threads_per_sm = cfg->threads_per_sm;
     sh->pool_chunk = cfg->pool_chunk;
     sh->kernel_code = cfg->kernel_code;
+    sh->mig_model = cfg->mig_model;
+    const struct sim_mig_model *m = sim_mig_model(sh);
     for (unsigned i = 0; i < cfg->ndev; i++) {
-        memcpy(sh->dev[i].uuid, cfg->uuid[i], SIM_STR);
-        memcpy(sh->dev[i].name, cfg->name[i], SIM_STR);
-        sh->dev[i].capacity = cfg->memory;
-        sh->dev[i].numa_node = cfg->numa[i];
-        sh->dev[i].nvlink_peers = cfg->nvlink_peers[i];
-        sh->dev[i].rr_slot = -1;
+        struct sim_device *d = &sh->dev[i];
+        memcpy(d->uuid, cfg->uuid[i], SIM_STR);
+        memcpy(d->name, cfg->name[i], SIM_STR);
+        d->capacity = cfg->memory;
+        d->sms = cfg->sms;
+        d->numa_node = cfg->numa[i];
+        d->nvlink_peers = cfg->nvlink_peers[i];
+        d->rr_slot = -1;
+        sh->mig[i] = cfg->mig[i];
+        if (!cfg->mig[i].capable)
+            continue;
+        /* A MIG-capable device is the model's GPU. */
+        d->capacity = m->memory;
+        d->sms = m->sms;
+        if (!cfg->names_set)
+            snprintf(d->name, SIM_STR, "%s", m->name);
+        for (unsigned k = 0; k < SIM_MIG_MAX; k++) {
+            if (sh->mig[i].gi[k].live) {
+                sh->mig[i].gi[k].serial = ++sh->mig_serial;
+                sim_mig_device_init(sh, i, k);
+            }
+        }
     }
     /* Readers check the magic after taking the flock; the release store keeps
      * a crashed creator's half-written file recognisable (magic still 0). */

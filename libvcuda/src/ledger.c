@@ -117,11 +117,22 @@ void vcuda_ledger_close(struct vcuda_ledger *ledger) {
     ledger->file = NULL;
 }
 
+/* One device, however it is named. CUDA gives a MIG device's UUID as bytes, which libvcuda writes
+ * "GPU-<hex>"; NVML and the node agent name it "MIG-<hex>": same hex, same device. */
+static bool has_device_prefix(const char *uuid) {
+    return strncmp(uuid, "GPU-", 4) == 0 || strncmp(uuid, "MIG-", 4) == 0;
+}
+
+static bool same_device(const char *a, const char *b) {
+    if (strncmp(a, b, VCUDA_LEDGER_UUID_LEN) == 0) return true;
+    return a[0] && has_device_prefix(a) && has_device_prefix(b) &&
+           strncmp(a + 4, b + 4, VCUDA_LEDGER_UUID_LEN - 4) == 0;
+}
+
 int vcuda_ledger_find_device(const struct vcuda_ledger *ledger, const char *uuid) {
     for (int i = 0; i < VCUDA_MAX_DEVICES; i++) {
         const struct vcuda_ledger_device *d = &ledger->file->devices[i];
-        if (atomic_load_explicit(&d->state, memory_order_acquire) == 2 &&
-            strncmp(d->uuid, uuid, VCUDA_LEDGER_UUID_LEN) == 0)
+        if (atomic_load_explicit(&d->state, memory_order_acquire) == 2 && same_device(d->uuid, uuid))
             return i;
     }
     return -1;
@@ -151,7 +162,7 @@ int vcuda_ledger_device(struct vcuda_ledger *ledger, const char *uuid) {
          * lower index wins, the other slot is given back unused. */
         for (int i = 0; i < claimed; i++) {
             struct vcuda_ledger_device *o = &ledger->file->devices[i];
-            if (atomic_load(&o->state) == 2 && strncmp(o->uuid, uuid, sizeof o->uuid) == 0) {
+            if (atomic_load(&o->state) == 2 && same_device(o->uuid, uuid)) {
                 memset(d->uuid, 0, sizeof d->uuid);
                 atomic_store_explicit(&d->state, 0, memory_order_release);
                 return i;

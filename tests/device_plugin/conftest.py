@@ -18,6 +18,7 @@ from shimtest import container_env_on_host
 from device_plugin.config import resolve
 from device_plugin.testing import TestKubelet
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
+from kube_contract.testing import FakeApiServer
 from node_state.gpus import Inventory
 from node_state.testing import gpu, inventory, wait_for
 from py_vcuda import native
@@ -122,6 +123,15 @@ def dp() -> type[Helpers]:
 
 
 @pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    """The fake API server with this node on it."""
+    server = FakeApiServer()
+    server.add_node(NODE)
+    yield server
+    server.close()
+
+
+@pytest.fixture
 def agent_factory(short_dir: Path, kubelet: TestKubelet) -> Iterator[Callable[..., Any]]:
     """Start an in-process Agent (fake inventory and pods); stopped at the end of the test."""
     from device_plugin.agent import Agent
@@ -131,11 +141,11 @@ def agent_factory(short_dir: Path, kubelet: TestKubelet) -> Iterator[Callable[..
 
     def make(mode: str = "vgpu", gpus: int = 1, pods: Any = None, inv: Inventory | None = None,
              health_factory: Any = None, pod_watch: Any = None, patch_node: Any = None,
-             nvml: Any = None, events: Any = None, **overrides: Any) -> Agent:
+             nvml: Any = None, events: Any = None, mig_node: Any = None, **overrides: Any) -> Agent:
         cfg = plugin_config(short_dir, mode, **overrides)
         agent = Agent(cfg, inventory=inv or inventory(gpus), pods=pods if pods is not None else StaticPods(),
                       nvml=nvml, health_factory=health_factory, pod_watch=pod_watch, patch_node=patch_node,
-                      events=events)
+                      events=events, mig_node=mig_node)
         agent.start()
         started.append(agent)
         return agent

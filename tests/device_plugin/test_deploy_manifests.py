@@ -24,7 +24,7 @@ MODES = ("vgpu", "pgpu", "mps")
 METRICS_PORT = 9394
 # The agent's flags (DESIGN.md `vcuda device-plugin`, device_plugin.config).
 FLAGS = ("--mode", "--device-plugin-dir", "--pod-resources-socket", "--state-dir", "--config",
-         "--metrics-port", "--node-name", "--features-file", "--host-lib-dir")
+         "--metrics-port", "--node-name", "--features-file", "--host-lib-dir", "--mig-strategy", "--mig-config")
 PGPU_RESOURCE = "nvidia.com/gpu"
 MPS_RESOURCE = "nvidia.com/mps-core"
 
@@ -89,6 +89,7 @@ def test_daemonset_args_are_the_agents_flags(mode: str) -> None:
     assert values["--node-name"] == "$(NODE_NAME)"
     assert values["--metrics-port"] == str(METRICS_PORT)
     assert ("--host-lib-dir" in values) == (mode == "vgpu")  # only vgpu containers get libvcuda
+    assert ("--mig-config" in values) == ("--mig-strategy" in values) == (mode == "pgpu")  # MIG: pgpu only
     assert pod_spec(ds)["nodeSelector"] == {"vcuda.io/device-plugin": mode}
     assert ds["metadata"]["name"] == f"vcuda-device-plugin-{mode}"
 
@@ -131,7 +132,8 @@ def test_host_paths_are_mounted_where_the_flags_point(mode: str) -> None:
     paths = host_paths(ds)
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     for name, mount in mounts.items():  # host paths go to kubelet as they are: same path inside
-        assert paths[name] == mount, name
+        if name in paths:
+            assert paths[name] == mount, name
     values = flag_values(c)
     needed = {
         "--device-plugin-dir": values["--device-plugin-dir"],
@@ -149,11 +151,15 @@ def test_host_paths_are_mounted_where_the_flags_point(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_privileged_only_for_mps(mode: str) -> None:
+def test_privileged_only_for_mps_and_mig_layouts(mode: str) -> None:
     ds = daemonset(mode)
     sc = agent(ds)["securityContext"]
     if mode == "mps":
         assert sc["privileged"] is True and pod_spec(ds)["hostIPC"] is True
+    elif mode == "pgpu":   # MIG layouts: the toolkit grants the MIG config capability to privileged containers
+        env = {e["name"]: e.get("value") for e in agent(ds)["env"]}
+        assert sc["privileged"] is True and env["NVIDIA_MIG_CONFIG_DEVICES"] == "all"
+        assert not pod_spec(ds).get("hostIPC")
     else:
         assert not sc.get("privileged") and not pod_spec(ds).get("hostIPC")
         assert sc["allowPrivilegeEscalation"] is False
@@ -213,6 +219,8 @@ def test_init_step_refuses_a_library_with_more_dependencies(tmp_path: Path) -> N
 # `api.<verb>_<kind>(...)`: the kubernetes client's CoreV1Api calls in the agent's code.
 API_CALL = re.compile(r"\bapi\.(list|read|patch|create|delete|replace)_(\w+?)\(([^()]*)\)", re.S)
 API_RESOURCE = {"pod": "pods", "node": "nodes", "event": "events", "pod_binding": "pods/binding"}
+# `api.list_<kind>` handed (not called) to kube_contract.apiclient.ListWatch, which lists and watches with it.
+LIST_WATCH = re.compile(r"\bapi\.list_(\w+)\b(?!\()")
 
 
 def agent_api_calls() -> set[tuple[str, str]]:
@@ -226,6 +234,10 @@ def agent_api_calls() -> set[tuple[str, str]]:
             used.add((resource, "get" if verb == "read" else verb))
             if verb == "list" and "watch=True" in args:
                 used.add((resource, "watch"))
+        for kind in LIST_WATCH.findall(path.read_text()):
+            resource = kind.replace("namespaced_", "").replace("_for_all_namespaces", "")
+            resource = API_RESOURCE.get(resource, resource)
+            used |= {(resource, "list"), (resource, "watch")}
     return used
 
 
@@ -244,6 +256,21 @@ def test_rbac_grants_what_the_agent_calls() -> None:
         ds = daemonset(mode)
         assert pod_spec(ds)["serviceAccountName"] == sa["name"]
         assert ds["metadata"]["namespace"] == sa["namespace"]
+
+
+def test_mig_config_map_is_mounted_where_the_flag_points_and_parses() -> None:
+    from node_state.mig import parse_layouts
+
+    (cm,) = load(DEPLOY / "mig-parted-config.yaml")
+    ds = daemonset("pgpu")
+    volume = next(v for v in pod_spec(ds)["volumes"] if v.get("configMap"))
+    assert volume["configMap"]["name"] == cm["metadata"]["name"] and cm["metadata"]["namespace"] == "kube-system"
+    mount = next(m for m in agent(ds)["volumeMounts"] if m["name"] == volume["name"])
+    assert "subPath" not in mount   # a subPath mount would never see an edited ConfigMap
+    path = Path(flag_values(agent(ds))["--mig-config"])
+    assert path.parent == Path(mount["mountPath"]) and path.name in cm["data"]
+    layouts = parse_layouts(cm["data"][path.name])
+    assert {"all-disabled", "all-1g.10gb", "3g.20gb-2x2g.10gb"} <= set(layouts)
 
 
 def test_topology_annotation_is_the_one_rbac_allows_patching() -> None:

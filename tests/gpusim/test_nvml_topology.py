@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pynvml
 import pytest
+from simnvml import h, nvml_error, open_nvml
 
-from py_vcuda import nvml as vnvml
 from py_vcuda.sim import SimConfig, SimReader
 
 XID = pynvml.nvmlEventTypeXidCriticalError
@@ -29,17 +29,6 @@ def four(sim: SimConfig) -> SimConfig:
     return sim
 
 
-def open_nvml(cfg: SimConfig, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for k in ("VCUDA_SIM_NUMA", "VCUDA_SIM_NVLINK"):
-        monkeypatch.delenv(k, raising=False)
-    for k, v in cfg.env().items():
-        monkeypatch.setenv(k, v)
-    vnvml._load(cfg.env()["VCUDA_REAL_LIBNVML"])  # one NVML library per process
-    pynvml.nvmlInit()
-    yield
-    pynvml.nvmlShutdown()
-
-
 @pytest.fixture
 def nvml4(four: SimConfig, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield from open_nvml(four, monkeypatch)
@@ -49,16 +38,6 @@ def nvml4(four: SimConfig, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def nvml_plain(sim: SimConfig, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     sim.devices = 2
     yield from open_nvml(sim, monkeypatch)
-
-
-def h(i: int):  # type: ignore[no-untyped-def]
-    return pynvml.nvmlDeviceGetHandleByIndex(i)
-
-
-def nvml_error(fn, *args) -> int:  # type: ignore[no-untyped-def]
-    with pytest.raises(pynvml.NVMLError) as exc:
-        fn(*args)
-    return exc.value.value
 
 
 # ---- topology ----

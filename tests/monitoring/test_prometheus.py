@@ -117,6 +117,11 @@ EXPECTED: dict[tuple[str, str, str], tuple[str, set[str]]] = {
     (NODE_D, "Temperature", ""): ("gpu", GPUS),
     (NODE_D, "Power", ""): ("gpu", GPUS),
     (NODE_D, "Token schedulers", ""): ("gpu", {"0", "1"}),
+    # The scenario's node has no GPU in MIG mode: these return nothing here (tests/monitoring/test_mig_metrics.py
+    # covers the MIG series).
+    (NODE_D, "MIG layout", ""): ("mig_instance", set()),
+    (NODE_D, "MIG instance memory", " used"): ("mig_instance", set()),
+    (NODE_D, "MIG instance memory", " total"): ("mig_instance", set()),
     (NODE_D, "Tenants", "share"): ("tenant", SHARE),
     (NODE_D, "Tenants", "memory used"): ("tenant", LEDGER | {"c-render"}),
     (NODE_D, "variable node", ""): ("node", {NODE}),

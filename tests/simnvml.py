@@ -1,0 +1,35 @@
+"""The simulator's NVML loaded into the test process, used through
+nvidia-ml-py (pynvml) as the device plugin and the node agent use it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pynvml
+import pytest
+
+from py_vcuda import nvml as vnvml
+from py_vcuda.sim import SimConfig
+
+
+def open_nvml(cfg: SimConfig, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """An NVML session on cfg's simulator for the body of a fixture (yield from it)."""
+    for k in ("VCUDA_SIM_NUMA", "VCUDA_SIM_NVLINK", "VCUDA_SIM_MIG"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in cfg.env().items():
+        monkeypatch.setenv(k, v)
+    vnvml._load(cfg.env()["VCUDA_REAL_LIBNVML"])  # one NVML library per process
+    pynvml.nvmlInit()
+    yield
+    pynvml.nvmlShutdown()
+
+
+def h(i: int):  # type: ignore[no-untyped-def]
+    return pynvml.nvmlDeviceGetHandleByIndex(i)
+
+
+def nvml_error(fn, *args) -> int:  # type: ignore[no-untyped-def]
+    """The NVML error fn(*args) raises."""
+    with pytest.raises(pynvml.NVMLError) as exc:
+        fn(*args)
+    return exc.value.value

@@ -197,6 +197,24 @@ def read(path: Path = CONTAINER_QUOTA_FILE) -> QuotaFile:
     return parse(text, str(path))
 
 
+def bare_metal_env(q: QuotaFile) -> dict[str, str]:
+    """The environment that holds a process to `q` without the file (bare metal, as `vcuda run` sets it):
+    the file's i-th GPU is the process's visible device i (``VCUDA_MEMORY_LIMIT_<i>``,
+    ``VCUDA_SCHEDULER_<i>``; one unindexed variable when every GPU has the same value). The file's
+    paths are as written (container paths). What the environment cannot say: other GPUs are not refused."""
+    env = {"VCUDA_LEDGER": q.ledger, "VCUDA_CORE_REQUEST": str(q.core_request),
+           "VCUDA_CORE_LIMIT": str(q.core_limit), "VCUDA_SCHEDULER_TIMEOUT_MS": str(q.scheduler_timeout_ms),
+           "VCUDA_ON_SCHEDULER_LOSS": q.on_scheduler_loss}
+    for name, values in (("VCUDA_MEMORY_LIMIT", [None if g.memory is None else str(g.memory) for g in q.gpus]),
+                         ("VCUDA_SCHEDULER", [g.scheduler or None for g in q.gpus])):
+        if len(set(values)) == 1:
+            if values[0] is not None:
+                env[name] = values[0]
+            continue
+        env.update((f"{name}_{i}", v) for i, v in enumerate(values) if v is not None)
+    return env
+
+
 def ignored_env(env: Mapping[str, str]) -> list[str]:
     """The variables set in `env` that libvcuda ignores when the quota file is there."""
     return sorted(k for k in env if k in IGNORED_ENV or _INDEXED_ENV.match(k))

@@ -1,6 +1,7 @@
 """Helpers shared by the shim's tests: constants of the simulated GPU, the
-parsed output of cuprobe (tests/c/cuprobe.c), and the environment a container
-set up by the node agent or the DRA driver gives a process run on the host."""
+parsed output of cuprobe (tests/c/cuprobe.c), and the environment that holds a
+process run on the host as a container set up by the node agent or the DRA
+driver holds its own (from the container's quota file)."""
 
 from __future__ import annotations
 

@@ -383,6 +383,19 @@ def test_a_claim_prepared_before_quota_files_gets_one_and_its_spec_the_mount(age
     assert mounts["/run/vcuda-quota"] == (str(agent.layout.quota_dir(record.key)), ["ro", "nosuid", "nodev", "bind"])
 
 
+def test_a_spec_from_a_driver_that_set_vcuda_variables_is_written_again(agent_factory, kubelet, api):
+    """libvcuda ignores them under the quota file, with a warning in every process: the spec loses them."""
+    agent = agent_factory()
+    claim = api.put("resourceclaims", t.claim("c", NODE, [t.share(NODE, 0, 30, 4 * GiB)]))
+    first = entry(kubelet.prepare(claim), claim)
+    spec = cdi_spec(agent, claim)
+    current = json.loads(json.dumps(spec))
+    spec["devices"][0]["containerEdits"]["env"] += ["VCUDA_CORE_LIMIT=30", "VCUDA_LEDGER=/run/vcuda/ledger"]
+    agent.driver.specs.path(claim["metadata"]["uid"]).write_text(json.dumps(spec))
+    assert entry(kubelet.prepare(claim), claim) == first
+    assert cdi_spec(agent, claim) == current
+
+
 def test_dra_containers_appear_in_the_node_snapshot(agent_factory, kubelet, api, short_dir):
     """The exporter and `vcuda top` read the same node state: the claim's container is there, named."""
     from node_state.metrics_snapshot import NodeReader

@@ -235,17 +235,30 @@ class Driver:
             namespace=claim.namespace, pod=pod[0], pod_uid=pod[1], container=",".join(containers),
             created=time.time(), extra=extra)
 
-    def _write_spec(self, done: PreparedClaim) -> None:
+    def _devices(self, done: PreparedClaim) -> list[cdi.Device]:
         devices = []
         for s in done.shares:
             edits = tenancy.injection(self.store.layout, s.record, tenancy.tenant_dir(self.schedulers, s.record),
                                       self.host_lib, preload=s.record.extra.get("preload") != "0")
             devices.append(cdi.Device(s.cdi_name, edits))
-        self.specs.write(done.uid, devices)
+        return devices
+
+    def _write_spec(self, done: PreparedClaim) -> None:
+        self.specs.write(done.uid, self._devices(done))
+
+    def _spec_current(self, done: PreparedClaim) -> bool:
+        """Whether the claim's spec says what this driver would write (not one from an older driver, whose
+        env carried VCUDA_* variables that libvcuda now ignores with a warning in every process)."""
+        try:
+            return self.specs.read(done.uid) == cdi.spec(self._devices(done))
+        except (OSError, ValueError):
+            return False
 
     def _ensure(self, done: PreparedClaim) -> None:
-        """A prepared claim's directories, quota files and CDI spec exist (made again when something removed
-        them, or when a driver from before quota files prepared it: the spec then gains their mount)."""
+        """A prepared claim's directories, quota files and CDI spec exist and are current (made again when
+        something removed them, or when an older driver prepared it: a driver from before quota files left
+        no quota file and a spec without its mount, one from before this change a spec whose env had the
+        VCUDA_* variables)."""
         respec = False
         for s in done.shares:
             if not self.store.layout.container_dir(s.record.key).is_dir():
@@ -258,7 +271,7 @@ class Driver:
                 log.info("claim %s: writing the quota file of %s (and its CDI spec) again", done.ref, s.record.key)
                 self.store.write_quota(s.record)
                 respec = True
-        if respec or not self.specs.exists(done.uid):
+        if respec or not self._spec_current(done):
             log.info("claim %s: writing its CDI spec again", done.ref)
             self._write_spec(done)
 

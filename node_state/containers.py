@@ -11,9 +11,9 @@ Inside the container (**contract** with libvcuda):
                                   libvcuda reads it first, at this fixed path, and then ignores the
                                   VCUDA_* quota variables of the environment (a pod's spec sets those)
     /run/vcuda/                   read-write: the directory's shared/ part
-      ledger                      the ledger the quota file names (also VCUDA_LEDGER)
-      sched/sched.sock            the scheduler endpoint the quota file names (also VCUDA_SCHEDULER;
-                                  the tenant's socket directory, mounted over)
+      ledger                      the ledger the quota file names
+      sched/sched.sock            the scheduler endpoint the quota file names (the tenant's
+                                  socket directory, mounted over)
     /usr/local/vcuda/lib/libvcuda.so   read-only
     /etc/ld.so.preload            read-only, names the path above (unless the operator let the
                                   container opt out)

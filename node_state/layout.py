@@ -15,7 +15,7 @@ cannot drift apart.
         quota/                          mounted read-only into the container (/run/vcuda-quota)
           quota.conf                    the container's quota, libvcuda's only source (py_vcuda.quota_file)
         shared/                         mounted read-write into the container (/run/vcuda)
-          ledger                        the container's VCUDA_LEDGER
+          ledger                        the container's ledger (the quota file names it)
 
 Only shared/ is writable from the container: the record, which the agent
 trusts when it reconciles quotas and removes tenants, and the quota file, which

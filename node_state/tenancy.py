@@ -4,19 +4,18 @@ file), its token-scheduler tenant, and the environment and mounts that put them 
 vgpu Allocate (device_plugin.vgpu) and the DRA driver's prepare (dra_driver.driver)
 both set containers up through `set_up` and describe them through `injection`, so
 a container looks the same to libvcuda, the exporter and `vcuda top` whichever
-of them made it. What goes in the container (**contract** with libvcuda's env):
+of them made it. What goes in the container (**contract** with libvcuda):
 
-    NVIDIA_VISIBLE_DEVICES   the record's GPUs
-    VCUDA_CORE_REQUEST/_LIMIT, VCUDA_MEMORY_LIMIT (when limited), VCUDA_LEDGER
-    VCUDA_SCHEDULER          when the container is a tenant (a share of one GPU)
+    NVIDIA_VISIBLE_DEVICES   the record's GPUs (the device-list strategy may rewrite it:
+                             device_plugin.device_list)
     mounts: the directory's quota/ part (read-only, /run/vcuda-quota), its shared/ part,
             libvcuda, the tenant's socket directory, and /etc/ld.so.preload unless the
             operator let the container opt out (device_plugin.vgpu, dra_driver.driver)
 
-The quota file is what libvcuda holds the container to; the VCUDA_* variables say
-the same for tools that read the environment (and for a libvcuda from before the
-file), but a pod's own env comes after them and libvcuda ignores them when the file
-is there.
+The quota file is the only word on the quota: no VCUDA_* variable goes in the
+environment. libvcuda ignores them when the file is there (with a warning naming
+them), so a variable of ours would only make that warning appear in every process,
+where it should mean that the pod's own spec tried to loosen its quota.
 """
 
 from __future__ import annotations
@@ -27,10 +26,8 @@ from pathlib import Path
 
 from node_state.containers import (
     CONTAINER_DIR,
-    CONTAINER_LEDGER,
     CONTAINER_LIB,
     CONTAINER_SCHED_DIR,
-    CONTAINER_SCHEDULER,
     PRELOAD_FILE,
     ContainerStore,
 )
@@ -92,19 +89,11 @@ def set_up(store: ContainerStore, schedulers: Mapping[str, TokenScheduler], reco
 
 def injection(layout: NodeLayout, record: ContainerRecord, tenant: Path | None, host_lib: Path, *,
               preload: bool) -> Injection:
-    env = {
-        "NVIDIA_VISIBLE_DEVICES": ",".join(record.gpus),
-        "VCUDA_CORE_REQUEST": str(record.core_request),
-        "VCUDA_CORE_LIMIT": str(record.core_limit),
-        "VCUDA_LEDGER": str(CONTAINER_LEDGER),
-    }
-    if record.memory_limit is not None:
-        env["VCUDA_MEMORY_LIMIT"] = str(record.memory_limit)
+    env = {"NVIDIA_VISIBLE_DEVICES": ",".join(record.gpus)}
     mounts = [Mount(layout.quota_dir(record.key), CONTAINER_QUOTA_DIR, read_only=True),
               Mount(layout.shared_dir(record.key), CONTAINER_DIR, read_only=False),
               Mount(host_lib, CONTAINER_LIB, read_only=True)]
     if tenant is not None:
-        env["VCUDA_SCHEDULER"] = CONTAINER_SCHEDULER
         mounts.append(Mount(tenant, CONTAINER_SCHED_DIR, read_only=False))
     if preload:
         mounts.append(Mount(layout.container_dir(record.key) / PRELOAD_FILE, PRELOAD_TARGET, read_only=True))

@@ -1,10 +1,10 @@
 """`vcuda doctor` inside a vgpu container: are this container's quotas in force?
 
 The node agent gives a vgpu or DRA container its quota file, read-only at
-/run/vcuda-quota (py_vcuda.quota_file), and VCUDA_LEDGER (and VCUDA_SCHEDULER
-when it has a compute share); either says where we are. When the quota
-directory is there the file is the only source of the quota, as for libvcuda:
-two lines first say so —
+/run/vcuda-quota (py_vcuda.quota_file); that directory (or, set up by hand,
+VCUDA_LEDGER or VCUDA_SCHEDULER) says where we are. When the quota directory is
+there the file is the only source of the quota, as for libvcuda: two lines
+first say so —
 
 - quota: the file, and the quota it holds (or why it cannot be used: then
   libvcuda refuses CUDA in this container, it never runs unlimited);
@@ -32,7 +32,15 @@ from pathlib import Path
 
 from py_vcuda import native
 from py_vcuda.quantity import QuantityError, format_bytes, parse_quantity
-from py_vcuda.quota_file import CONTAINER_QUOTA_DIR, QUOTA_FILE, QuotaFile, QuotaFileError, ignored_env, read
+from py_vcuda.quota_file import (
+    CONTAINER_QUOTA_DIR,
+    QUOTA_FILE,
+    QuotaFile,
+    QuotaFileError,
+    bare_metal_env,
+    ignored_env,
+    read,
+)
 
 PING_TIMEOUT_MS = 1000
 
@@ -62,16 +70,15 @@ def quota_env(q: QuotaFile, env: Mapping[str, str]) -> dict[str, str]:
     """The environment as libvcuda sees it under the quota file: the ignored variables gone, the file's
     values in their place (so the checks below read what is in force)."""
     out = {k: v for k, v in env.items() if k not in ignored_env(env)}
-    out["VCUDA_LEDGER"] = q.ledger
-    out["VCUDA_CORE_REQUEST"] = str(q.core_request)
-    out["VCUDA_CORE_LIMIT"] = str(q.core_limit)
-    scheduler = next((g.scheduler for g in q.gpus if g.scheduler), "")
-    if scheduler:
-        out["VCUDA_SCHEDULER"] = scheduler
-    memories = {g.memory for g in q.gpus}
-    if len(memories) == 1 and None not in memories:
-        out["VCUDA_MEMORY_LIMIT"] = str(memories.pop())
+    out.update(bare_metal_env(q))
     return out
+
+
+def scheduler_endpoint(env: Mapping[str, str]) -> str:
+    """The tenant's scheduler endpoint: VCUDA_SCHEDULER, else the first VCUDA_SCHEDULER_<i> set ('': none)."""
+    indexed = sorted((int(k.rpartition("_")[2]), v) for k, v in env.items()
+                     if k.startswith("VCUDA_SCHEDULER_") and k.rpartition("_")[2].isdigit() and v)
+    return env.get("VCUDA_SCHEDULER") or next((v for _, v in indexed), "")
 
 
 def quota_source(env: Mapping[str, str], quota_dir: Path) -> tuple[list[Check], dict[str, str] | None]:
@@ -130,7 +137,7 @@ def check_scheduler(env: Mapping[str, str]) -> Check:
 
     from token_scheduler import wire
 
-    endpoint = env.get("VCUDA_SCHEDULER")
+    endpoint = scheduler_endpoint(env)
     if not endpoint:
         return Check("scheduler", True, "none (VCUDA_SCHEDULER unset): whole GPUs, compute not throttled")
     context = zmq.Context()
@@ -163,7 +170,7 @@ def check_limits(env: Mapping[str, str]) -> Check:
         return Check("limits", False, f"VCUDA_MEMORY_LIMIT={text!r}: {exc}; CUDA fails to initialise")
     request = env.get("VCUDA_CORE_REQUEST", "100")
     limit = env.get("VCUDA_CORE_LIMIT", request)
-    cores = f"GPU time {request}% guaranteed, at most {limit}%" if "VCUDA_SCHEDULER" in env \
+    cores = f"GPU time {request}% guaranteed, at most {limit}%" if scheduler_endpoint(env) \
         else "GPU time not limited"
     shown = f"memory {format_bytes(memory)} per GPU" if memory is not None else "memory unlimited"
     if memory is not None and env.get("VCUDA_LEDGER"):

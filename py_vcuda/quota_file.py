@@ -9,18 +9,7 @@ module renders it (node side) and parses it strictly (``vcuda doctor``, tests).
 
 Format, version 1 (text, UTF-8, one ``key=value`` a line; ``#`` comment lines and blank lines
 ignored; an unknown key, a repeated scalar key, a bad value, a missing required key or no
-``end`` line is corrupt)::
-
-    version=1
-    ledger=/run/vcuda/ledger
-    core_request=30
-    core_limit=60
-    priority=normal
-    scheduler_timeout_ms=5000
-    on_scheduler_loss=block
-    gpu=GPU-... memory=1073741824 scheduler=ipc:///run/vcuda/sched/sched.sock
-    gpu=GPU-... memory=unlimited scheduler=
-    end
+``end`` line is corrupt): EXAMPLE below has every key, in the order `render` writes them.
 """
 
 from __future__ import annotations
@@ -39,6 +28,18 @@ PRIORITIES = ("high", "normal")
 ON_SCHEDULER_LOSS = ("block", "run")
 DEFAULT_SCHEDULER_TIMEOUT_MS = 5000
 HEADER = "# vcuda quota of this container: written by the node agent, read-only here"
+EXAMPLE = f"""{HEADER}
+version=1
+ledger=/run/vcuda/ledger
+core_request=30
+core_limit=60
+priority=normal
+scheduler_timeout_ms=5000
+on_scheduler_loss=block
+gpu=GPU-5157a0c0-0000-4000-8000-000000000000 memory=1073741824 scheduler=ipc:///run/vcuda/sched/sched.sock
+gpu=GPU-5157a0c0-0001-4000-8000-000000000001 memory=unlimited scheduler=
+end
+"""
 
 # The environment variables libvcuda ignores when the file is there (with one warning naming those set).
 IGNORED_ENV = ("VCUDA_MEMORY_LIMIT", "VCUDA_CORE_REQUEST", "VCUDA_CORE_LIMIT", "VCUDA_SCHEDULER", "VCUDA_LEDGER",
@@ -195,6 +196,24 @@ def read(path: Path = CONTAINER_QUOTA_FILE) -> QuotaFile:
     except (OSError, UnicodeDecodeError) as exc:
         raise QuotaFileError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     return parse(text, str(path))
+
+
+def bare_metal_env(q: QuotaFile) -> dict[str, str]:
+    """The environment that holds a process to `q` without the file (bare metal, as `vcuda run` sets it):
+    the file's i-th GPU is the process's visible device i (``VCUDA_MEMORY_LIMIT_<i>``,
+    ``VCUDA_SCHEDULER_<i>``; one unindexed variable when every GPU has the same value). The file's
+    paths are as written (container paths). What the environment cannot say: other GPUs are not refused."""
+    env = {"VCUDA_LEDGER": q.ledger, "VCUDA_CORE_REQUEST": str(q.core_request),
+           "VCUDA_CORE_LIMIT": str(q.core_limit), "VCUDA_SCHEDULER_TIMEOUT_MS": str(q.scheduler_timeout_ms),
+           "VCUDA_ON_SCHEDULER_LOSS": q.on_scheduler_loss}
+    for name, values in (("VCUDA_MEMORY_LIMIT", [None if g.memory is None else str(g.memory) for g in q.gpus]),
+                         ("VCUDA_SCHEDULER", [g.scheduler or None for g in q.gpus])):
+        if len(set(values)) == 1:
+            if values[0] is not None:
+                env[name] = values[0]
+            continue
+        env.update((f"{name}_{i}", v) for i, v in enumerate(values) if v is not None)
+    return env
 
 
 def ignored_env(env: Mapping[str, str]) -> list[str]:

@@ -29,18 +29,21 @@ from pathlib import Path
 import pytest
 from shimtest import parse
 
+from py_vcuda.quota_file import ignored_env
 from py_vcuda.sim import GiB, MiB, SimConfig
 
 NODE_MEMORY = 4 * GiB   # each of the node's two simulated GPUs
 OUT_OF_MEMORY = 2
 INVALID_DEVICE = 101
+IGNORING = "vcuda: warning: ignoring"   # libvcuda's one line naming the VCUDA_* variables the quota file overrides
 ROOTS = ("/run", "/usr/local")   # a tmpfs on each, so that mount points can be made without touching the host
 DEVICE_LIST_ROOT = "/var/run/nvidia-container-devices/"
 
 
 def skip_unless_namespaces() -> None:
+    """Skips the test unless this process may build mounts in a private mount namespace."""
     if os.geteuid() != 0:
-        pytest.skip("needs root to build the container's mounts in a private mount namespace")
+        pytest.skip("needs root to build mounts in a private mount namespace")
     if not shutil.which("unshare"):
         pytest.skip("needs unshare (util-linux)")
     if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
@@ -137,9 +140,16 @@ def probe_commands(row: Row, share_ms: int = 1500) -> list[str]:
 
 def check_row(row: Row, proc: subprocess.CompletedProcess, foreign_uuid: str, max_share: float = 0.6) -> None:
     """Held to its quota (1 GiB: the second 512 MiB fails; its share of GPU time, far from all of it)
-    and to its GPU (another GPU's context is refused, with one log line naming it)."""
+    and to its GPU (another GPU's context is refused, with one log line naming it). libvcuda warns that
+    it ignores VCUDA_* variables only when the pod's spec set some: the node's env adds none."""
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
+    warned = [line for line in proc.stderr.splitlines() if line.startswith(IGNORING)]
+    pod_set = [] if row.clean else ignored_env(row.pod_env)
+    if pod_set:
+        assert len(warned) == 1 and all(name in warned[0] for name in pod_set), out
+    else:
+        assert warned == [], out
     lines = parse(proc.stdout)
     contexts = [int(d["rc"]) for d in lines if d["cmd"] == "ctx"]
     if row.pod_env.get("CUDA_VISIBLE_DEVICES") == "0,1":

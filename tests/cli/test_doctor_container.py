@@ -1,8 +1,9 @@
 """`vcuda doctor` inside a vgpu container: one line per check (preload, ledger, scheduler, limits)
-and a non-zero exit when one fails. The container is what the node agent's Allocate gives one:
-VCUDA_LEDGER, VCUDA_SCHEDULER, VCUDA_MEMORY_LIMIT, VCUDA_CORE_* and libvcuda preloaded; with its
-quota file at /run/vcuda-quota (a private mount namespace), doctor says the quota comes from the
-file and names the environment variables it ignores."""
+and a non-zero exit when one fails. Without a quota file the container's quota is in its environment
+(VCUDA_LEDGER, VCUDA_SCHEDULER, VCUDA_MEMORY_LIMIT, VCUDA_CORE_*, libvcuda preloaded), as in a
+container set up by hand; with its quota file at /run/vcuda-quota (a private mount namespace), as
+the node agent and the DRA driver set containers up, doctor says the quota comes from the file,
+names the environment variables it ignores, and checks what the file says."""
 
 from __future__ import annotations
 
@@ -91,11 +92,13 @@ def doctor_with_quota_file(quota_dir: Path, env: dict[str, str]) -> tuple[int, l
     return proc.returncode, (proc.stdout + proc.stderr).splitlines()
 
 
-def write_quota(quota_dir: Path, container: dict[str, str], *, memory: int = GiB) -> None:
+def write_quota(quota_dir: Path, container: dict[str, str], *, memory: int = GiB,
+                before: tuple[GPUQuota, ...] = ()) -> None:
+    """The container's quota as a file: its GPU (after the `before` ones) with its memory and scheduler."""
     quota_dir.mkdir()
     (quota_dir / "quota.conf").write_text(render(QuotaFile(
         ledger=container["VCUDA_LEDGER"], core_request=30, core_limit=50, priority="normal",
-        gpus=(GPUQuota(UUID, memory, container["VCUDA_SCHEDULER"]),))))
+        gpus=(*before, GPUQuota(UUID, memory, container["VCUDA_SCHEDULER"])))))
 
 
 def test_with_the_quota_file_the_environment_is_ignored_and_named(container: dict[str, str], short_dir: Path) -> None:
@@ -122,6 +125,16 @@ def test_a_clean_environment_finds_its_quota_in_the_file(container: dict[str, st
     assert code == 0, lines
     assert "VCUDA_* quota variables in this environment: none set" in lines[1]
     assert lines[3].startswith(f"ok    ledger: {container['VCUDA_LEDGER']} is writable")
+
+
+def test_the_scheduler_of_a_quotas_second_gpu_is_checked(container: dict[str, str], short_dir: Path) -> None:
+    """Said per GPU (VCUDA_SCHEDULER_1 in the environment doctor checks): still pinged, still a share."""
+    skip_unless_namespaces()
+    write_quota(short_dir / "quota", container, before=(GPUQuota("GPU-5157a0c0-0001-4000-8000-000000000001", None),))
+    code, lines = doctor_with_quota_file(short_dir / "quota", {"LD_PRELOAD": container["LD_PRELOAD"]})
+    assert code == 0, lines
+    assert lines[4].startswith(f"ok    scheduler: {container['VCUDA_SCHEDULER']} answers"), lines
+    assert "GPU time 30% guaranteed, at most 50%" in lines[5], lines
 
 
 @pytest.mark.parametrize(("content", "why"), [

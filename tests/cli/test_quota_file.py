@@ -9,9 +9,11 @@ import pytest
 
 from py_vcuda.quota_file import (
     CONTAINER_QUOTA_FILE,
+    EXAMPLE,
     GPUQuota,
     QuotaFile,
     QuotaFileError,
+    bare_metal_env,
     ignored_env,
     parse,
     read,
@@ -22,18 +24,7 @@ GPU0 = "GPU-5157a0c0-0000-4000-8000-000000000000"
 GPU1 = "GPU-5157a0c0-0001-4000-8000-000000000001"
 SOURCE = "/run/vcuda-quota/quota.conf"
 
-GOOD = f"""# vcuda quota of this container: written by the node agent, read-only here
-version=1
-ledger=/run/vcuda/ledger
-core_request=30
-core_limit=60
-priority=normal
-scheduler_timeout_ms=5000
-on_scheduler_loss=block
-gpu={GPU0} memory=1073741824 scheduler=ipc:///run/vcuda/sched/sched.sock
-gpu={GPU1} memory=unlimited scheduler=
-end
-"""
+GOOD = EXAMPLE   # the interface's example (GPU0 and GPU1)
 
 
 def test_the_interface_example_parses_to_its_values() -> None:
@@ -140,3 +131,20 @@ def test_the_ignored_variables_are_those_of_the_interface() -> None:
            "VCUDA_MEMORY_LIMIT_X": "1"}
     assert ignored_env(env) == ["VCUDA_CORE_LIMIT", "VCUDA_DISABLE", "VCUDA_MEMORY_LIMIT", "VCUDA_MEMORY_LIMIT_1",
                                 "VCUDA_SCHEDULER_0"]
+
+
+@pytest.mark.parametrize(("gpus", "per_gpu"), [
+    ((GPUQuota(GPU0, 1 << 30, "ipc:///s.sock"), GPUQuota(GPU1, None, "")),
+     {"VCUDA_MEMORY_LIMIT_0": str(1 << 30), "VCUDA_SCHEDULER_0": "ipc:///s.sock"}),
+    ((GPUQuota(GPU0, 1 << 30, "ipc:///s.sock"), GPUQuota(GPU1, 1 << 30, "ipc:///s.sock")),
+     {"VCUDA_MEMORY_LIMIT": str(1 << 30), "VCUDA_SCHEDULER": "ipc:///s.sock"}),
+    ((GPUQuota(GPU0, None, ""), GPUQuota(GPU1, 2 << 30, "")), {"VCUDA_MEMORY_LIMIT_1": str(2 << 30)}),
+    ((GPUQuota(GPU0, None, ""),), {}),
+], ids=["mixed", "same", "second-limited", "unlimited"])
+def test_bare_metal_env_says_the_quota_in_libvcudas_variables(gpus: tuple[GPUQuota, ...],
+                                                              per_gpu: dict[str, str]) -> None:
+    q = QuotaFile("/run/vcuda/ledger", 30, 60, "high", gpus, scheduler_timeout_ms=0, on_scheduler_loss="run")
+    assert bare_metal_env(q) == {"VCUDA_LEDGER": "/run/vcuda/ledger", "VCUDA_CORE_REQUEST": "30",
+                                 "VCUDA_CORE_LIMIT": "60", "VCUDA_SCHEDULER_TIMEOUT_MS": "0",
+                                 "VCUDA_ON_SCHEDULER_LOSS": "run", **per_gpu}
+    assert set(ignored_env(bare_metal_env(q))) == set(bare_metal_env(q))   # all of it is what the file overrides

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shimtest import container_env_on_host
+from shimtest import container_env_on_host, container_quota
 
 from device_plugin.config import resolve
 from device_plugin.testing import TestKubelet
@@ -22,6 +22,7 @@ from kube_contract.testing import FakeApiServer
 from node_state.gpus import Inventory
 from node_state.testing import gpu, inventory, wait_for
 from py_vcuda import native
+from py_vcuda.quota_file import QuotaFile
 from py_vcuda.sim import SimConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,9 +97,20 @@ def stop_plugin(proc: subprocess.Popen[bytes], short_dir: Path) -> str:
     return (short_dir / "plugin.log").read_text(errors="replace")
 
 
+def response_mounts(resp: pb.ContainerAllocateResponse) -> dict[str, str]:
+    """{container path: host path} of the response's mounts."""
+    return {m.container_path: m.host_path for m in resp.mounts}
+
+
 def host_env(resp: pb.ContainerAllocateResponse) -> dict[str, str]:
-    """The response's env as a process on the host sees it (shimtest.container_env_on_host)."""
-    return container_env_on_host(resp.envs, {m.container_path: m.host_path for m in resp.mounts})
+    """What a process of the container run on the host needs (shimtest.container_env_on_host): the response's
+    env and its quota file in libvcuda's bare-metal variables, host paths."""
+    return container_env_on_host(resp.envs, response_mounts(resp))
+
+
+def quota(resp: pb.ContainerAllocateResponse) -> QuotaFile:
+    """The quota file the response mounts at /run/vcuda-quota."""
+    return container_quota(response_mounts(resp))
 
 
 class Helpers:
@@ -115,6 +127,7 @@ class Helpers:
     spawn_plugin = staticmethod(spawn_plugin)
     stop_plugin = staticmethod(stop_plugin)
     host_env = staticmethod(host_env)
+    quota = staticmethod(quota)
 
 
 @pytest.fixture

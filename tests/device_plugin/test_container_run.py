@@ -1,8 +1,9 @@
 """A container started from an Allocate response is limited: cuprobe (a
-simulated CUDA program) runs with the response's env, its container paths
-mapped to the host paths the mounts name, and libvcuda preloaded the way
-/etc/ld.so.preload would (LD_PRELOAD: ld.so.preload needs root). Another
-case runs it as a non-root user with the mounts in place, as a container
+simulated CUDA program) runs on the host with the response's env and its quota
+file said in libvcuda's bare-metal variables, container paths mapped to the
+host paths the mounts name, and libvcuda preloaded the way /etc/ld.so.preload
+would (shimtest.container_env_on_host). Another case runs it as a non-root user
+with the mounts in place (the quota file at its fixed path), as a container
 runtime sets them up."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from kubecontainer import skip_unless_namespaces
 from shimtest import parse
 
 from device_plugin.pods import StaticPods
@@ -52,28 +54,28 @@ def test_allocated_container_is_limited(agent_factory, kubelet, dp, short_dir, c
 
 
 NOBODY = 65534
-# In a private mount namespace: the container directory and the tenant socket directory at their
-# container paths (as the runtime mounts them; the scheduler's own directory on the host is root's
-# alone), then the probe as uid/gid 65534 with libvcuda preloaded.
+# In a private mount namespace: the container directory, the tenant socket directory and the quota
+# directory (read-only) at their container paths (as the runtime mounts them; the scheduler's own
+# directory on the host is root's alone), then the probe as uid/gid 65534 with libvcuda preloaded.
 CONTAINER_SCRIPT = """
 mount -t tmpfs vcuda-test /run
 mkdir -p /run/vcuda
 mount --bind "$1" /run/vcuda
 mkdir -p /run/vcuda/sched
 mount --bind "$2" /run/vcuda/sched
-shift 2
+mkdir -p /run/vcuda-quota
+mount --bind "$3" /run/vcuda-quota
+mount -o remount,bind,ro /run/vcuda-quota
+shift 3
 exec setpriv --reuid=65534 --regid=65534 --clear-groups -- \
     /bin/sh -c 'id -u; exec env LD_PRELOAD="$VC_PRELOAD" "$@"' probe "$@"
 """
 
 
 def test_non_root_container_can_use_cuda_and_is_limited(agent_factory, kubelet, dp, short_dir, cuprobe):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to run the probe as another uid")
-    if not (shutil.which("unshare") and shutil.which("setpriv")):
-        pytest.skip("needs unshare and setpriv (util-linux)")
-    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
-        pytest.skip("cannot create a mount namespace here")
+    skip_unless_namespaces()
+    if not shutil.which("setpriv"):
+        pytest.skip("needs setpriv (util-linux)")
     short_dir.chmod(0o755)   # what uid 65534 must reach: the probe and the simulator's state
     shared = short_dir / "shared"
     shared.mkdir(mode=0o777)
@@ -87,16 +89,17 @@ def test_non_root_container_can_use_cuda_and_is_limited(agent_factory, kubelet, 
     mounts = {m.container_path: m.host_path for m in resp.mounts}
     env = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_")}
     env.update(sim.env())
-    env.update(resp.envs)   # container paths as they are: the mounts below put the files there
+    env.update(resp.envs)   # no quota in it: the quota file, mounted below, is libvcuda's only source
     env["VC_PRELOAD"] = mounts["/usr/local/vcuda/lib/libvcuda.so"]
     proc = subprocess.run(
         ["unshare", "-m", "/bin/sh", "-ec", CONTAINER_SCRIPT, "container", mounts["/run/vcuda"],
-         mounts["/run/vcuda/sched"], str(probe), "init", "ctx", f"alloc:{512 * MiB}", f"alloc:{512 * MiB}",
-         "spin:2000:3000"],
+         mounts["/run/vcuda/sched"], mounts["/run/vcuda-quota"], str(probe), "init", "ctx", f"alloc:{512 * MiB}",
+         f"alloc:{512 * MiB}", "spin:2000:3000"],
         env=env, capture_output=True, text=True, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[0] == str(NOBODY), out
     assert "Permission denied" not in out, out
+    assert "vcuda: warning: ignoring" not in out, out   # nothing in its environment for libvcuda to ignore
     lines = parse(proc.stdout.split("\n", 1)[1])
     allocs = [int(d["rc"]) for d in lines if d["cmd"] == "alloc"]
     assert allocs == [0, OUT_OF_MEMORY], out   # the ledger's 1 GiB holds for uid 65534 too

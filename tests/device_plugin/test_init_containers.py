@@ -95,7 +95,7 @@ def test_an_init_container_with_more_cores(agent_factory, kubelet, dp, seed: int
     assert placed.gpu_totals() == {1: (60, 0)} and kube_scheduler_request(pod, CORE) == 60
     agent, got = admit(agent_factory, kubelet, dp, pod, 60, seed)
     check_admitted(pod, got)
-    assert got["prepare"][1].envs["VCUDA_CORE_REQUEST"] == "60" and got["app"][1].envs["VCUDA_CORE_REQUEST"] == "30"
+    assert dp.quota(got["prepare"][1]).core_request == 60 and dp.quota(got["app"][1]).core_request == 30
     assert quotas(agent, gpu1) == [(30, 30)]   # the app took the init container's tenant over
 
 
@@ -110,8 +110,8 @@ def test_an_init_container_with_more_memory_only(agent_factory, kubelet, dp, see
     assert kube_scheduler_request(pod, MEM) * MEMORY_UNIT_BYTES == 10 * GiB
     _, got = admit(agent_factory, kubelet, dp, pod, 10, seed)
     check_admitted(pod, got)
-    assert got["prepare"][1].envs["VCUDA_MEMORY_LIMIT"] == str(10 * GiB)
-    assert got["app"][1].envs["VCUDA_MEMORY_LIMIT"] == str(1 * GiB)
+    assert [g.memory for g in dp.quota(got["prepare"][1]).gpus] == [10 * GiB]
+    assert [g.memory for g in dp.quota(got["app"][1]).gpus] == [1 * GiB]
 
 
 def test_the_memory_annotation_counts_for_every_container(agent_factory, kubelet, dp) -> None:  # noqa: ANN001
@@ -123,8 +123,8 @@ def test_the_memory_annotation_counts_for_every_container(agent_factory, kubelet
     assert placed.gpu_totals() == {1: (10, 10 * GiB)}
     _, got = admit(agent_factory, kubelet, dp, pod, 10, 1)
     check_admitted(pod, got)
-    assert {n: r.envs["VCUDA_MEMORY_LIMIT"] for n, (_, r) in got.items()} == {"prepare": str(10 * GiB),
-                                                                            "app": str(10 * GiB)}
+    assert {n: [g.memory for g in dp.quota(r).gpus] for n, (_, r) in got.items()} == {"prepare": [10 * GiB],
+                                                                                      "app": [10 * GiB]}
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -153,8 +153,8 @@ def test_a_whole_gpu_init_container_larger_than_its_app(agent_factory, kubelet, 
     assert placed.gpu_totals()[1][0] == 100
     _, got = admit(agent_factory, kubelet, dp, pod, 20, seed)
     check_admitted(pod, got)
-    assert "VCUDA_SCHEDULER" not in got["prepare"][1].envs   # whole card: unthrottled
-    assert got["app"][1].envs["VCUDA_CORE_REQUEST"] == "30"
+    assert [g.scheduler for g in dp.quota(got["prepare"][1]).gpus] == [""]   # whole card: unthrottled
+    assert dp.quota(got["app"][1]).core_request == 30
 
 
 def test_the_extender_state_counts_a_bound_pod_as_kube_scheduler_does(dp) -> None:  # noqa: ANN001

@@ -57,7 +57,7 @@ def test_real_agent_process_uses_the_api_server(kubelet, short_dir, dp, api):
     try:
         kubelet.latest_devices("tencent.com/vcuda-core")
         resp = kubelet.allocate("tencent.com/vcuda-core", [f"{uuid}::{i}" for i in range(30)])
-        assert resp.container_responses[0].envs["VCUDA_CORE_REQUEST"] == "30"
+        assert dp.quota(resp.container_responses[0]).core_request == 30
         published = dp.wait_for(lambda: api.get("nodes", dp.NODE)["metadata"]["annotations"].get(KEY),
                                  what="topology annotation")
         topo = topology.decode(published)

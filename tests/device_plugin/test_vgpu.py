@@ -64,10 +64,7 @@ def test_fractional_allocate_on_single_gpu_without_extender(agent_factory, kubel
     assert (rec.namespace, rec.pod, rec.container, rec.pod_uid) == ("default", "p1", "main", "uid-p1")
     assert (rec.core_request, rec.core_limit, rec.memory_limit) == (30, 50, 4 * MEMORY_UNIT_BYTES)
     assert rec.tenant == rec.key and rec.gpus == (uuid,)
-    assert dict(resp.envs) == {
-        "NVIDIA_VISIBLE_DEVICES": uuid, "VCUDA_CORE_REQUEST": "30", "VCUDA_CORE_LIMIT": "50",
-        "VCUDA_MEMORY_LIMIT": str(4 * MEMORY_UNIT_BYTES), "VCUDA_LEDGER": "/run/vcuda/ledger",
-        "VCUDA_SCHEDULER": "ipc:///run/vcuda/sched/sched.sock"}
+    assert dict(resp.envs) == {"NVIDIA_VISIBLE_DEVICES": uuid}   # the quota is the file's word alone
     directory = agent.layout.container_dir(rec.key)
     sched = agent.layout.scheduler_dir(uuid) / "tenants" / rec.tenant
     mounts = {m.container_path: (m.host_path, m.read_only) for m in resp.mounts}
@@ -121,14 +118,13 @@ def test_whole_cards_are_unthrottled(agent_factory, kubelet, dp):
     assert sorted(chosen) == sorted(ids(a, 100) + ids(b, 100))
     resp = kubelet.allocate(CORE, chosen).container_responses[0]
     assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == f"{a},{b}"
-    assert resp.envs["VCUDA_CORE_LIMIT"] == "100" and "VCUDA_SCHEDULER" not in resp.envs
-    assert "VCUDA_MEMORY_LIMIT" not in resp.envs
     (rec,) = records(agent)
     assert rec.tenant is None and rec.pod == "big"
     assert tenants(agent, a) == {} and tenants(agent, b) == {}
     # injected whole cards get a quota file too: their GPUs named (others refused), no scheduler, no limit
-    assert quota_file.read(agent.layout.quota_dir(rec.key) / "quota.conf").gpus == (
-        quota_file.GPUQuota(a, None, ""), quota_file.GPUQuota(b, None, ""))
+    q = dp.quota(resp)
+    assert q.gpus == (quota_file.GPUQuota(a, None, ""), quota_file.GPUQuota(b, None, ""))
+    assert q.core_limit == 100
 
 
 def test_preferred_keeps_a_share_on_one_gpu_best_fit(agent_factory, kubelet, dp):
@@ -154,7 +150,7 @@ def test_extender_assignment_identifies_the_pod_and_guides_preference(agent_fact
     resp = kubelet.allocate(CORE, ids(b, 30)).container_responses[0]
     (rec,) = records(agent)
     assert rec.pod == "late" and rec.gpus == (b,)
-    assert resp.envs["VCUDA_MEMORY_LIMIT"] == str(1 << 30)   # the extender's figure wins over units
+    assert {g.memory for g in dp.quota(resp).gpus} == {1 << 30}   # the extender's figure wins over units
     # only "early" waits now: its GPU is the preferred one although b fits better
     available = ids(a, 100) + ids(b, 70, start=30)
     assert {x.split("::")[0] for x in kubelet.preferred(CORE, available, 30)} == {a}
@@ -351,7 +347,7 @@ def test_memory_units_are_split_over_whole_cards(agent_factory, kubelet, dp):
     agent = agent_factory("vgpu", gpus=2, pods=StaticPods([dp.pod("big", cores=200, memory_units=64)]))
     a, b = dp.gpu(0).uuid, dp.gpu(1).uuid
     resp = kubelet.allocate(CORE, ids(a, 100) + ids(b, 100)).container_responses[0]
-    assert resp.envs["VCUDA_MEMORY_LIMIT"] == str(8 << 30)   # 64 units = 16 GiB for the container: 8 per card
+    assert {g.memory for g in dp.quota(resp).gpus} == {8 << 30}   # 64 units = 16 GiB for the container: 8 per card
     (rec,) = records(agent)
     with Ledger(agent.layout.ledger_path(rec.key)) as book:
         assert sorted((d.uuid, d.limit) for d in book.devices()) == [(a, 8 << 30), (b, 8 << 30)]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shimtest import container_env_on_host, parse
+from shimtest import cdi_container, container_env_on_host, parse
 
 from dra_driver import testing as t
 from node_state.testing import gpu, inventory
@@ -35,8 +35,7 @@ def claim_env(agent: Any, claim: dict[str, Any], sim: SimConfig) -> dict[str, st
     edits = device["containerEdits"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_")}
     env.update(sim.env())
-    env.update(container_env_on_host(dict(kv.split("=", 1) for kv in edits["env"]),
-                                     {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}))
+    env.update(container_env_on_host(*cdi_container(edits)))
     return env
 
 

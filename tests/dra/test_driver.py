@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shimtest import cdi_container, container_quota
 
 from dra_driver import testing as t
 from dra_driver.names import DRIVER, REGISTRATION_SOCKET, SUPPORTED_VERSIONS
@@ -34,6 +35,12 @@ def edits(spec: dict[str, Any]) -> tuple[dict[str, str], dict[str, tuple[str, li
     e = device["containerEdits"]
     env = dict(kv.split("=", 1) for kv in e["env"])
     return env, {m["containerPath"]: (m["hostPath"], m["options"]) for m in e["mounts"]}
+
+
+def spec_quota(spec: dict[str, Any]) -> quota_file.QuotaFile:
+    """The quota file a spec's one device mounts at /run/vcuda-quota."""
+    (device,) = spec["devices"]
+    return container_quota(cdi_container(device["containerEdits"])[1])
 
 
 def entry(resp: Any, claim: dict[str, Any]) -> Any:
@@ -134,9 +141,7 @@ def test_share_claim_gets_env_mounts_and_a_cdi_spec(agent_factory, kubelet, api)
     assert spec["kind"] == "gpu.vcuda.io/claim" and spec["devices"][0]["name"] == f"{uid}-gpu"
     env, mounts = edits(spec)
     (record,) = agent.store.records()
-    assert env == {"NVIDIA_VISIBLE_DEVICES": UUID0, "VCUDA_CORE_REQUEST": "30", "VCUDA_CORE_LIMIT": "50",
-                   "VCUDA_MEMORY_LIMIT": str(8 * GiB), "VCUDA_LEDGER": "/run/vcuda/ledger",
-                   "VCUDA_SCHEDULER": "ipc:///run/vcuda/sched/sched.sock"}
+    assert env == {"NVIDIA_VISIBLE_DEVICES": UUID0}   # the quota is the file's word alone
     layout = agent.layout
     assert mounts == {
         "/run/vcuda-quota": (str(layout.quota_dir(record.key)), ["ro", "nosuid", "nodev", "bind"]),
@@ -171,17 +176,16 @@ def test_whole_gpu_claim_is_unthrottled(agent_factory, kubelet, api):
     claim = api.put("resourceclaims", t.claim("whole", NODE, [t.whole(NODE, 1)]))
     e = entry(kubelet.prepare(claim), claim)
     assert e.error == "" and e.devices[0].device_name == "gpu-1"
-    env, mounts = edits(cdi_spec(agent, claim))
-    assert env["VCUDA_CORE_REQUEST"] == env["VCUDA_CORE_LIMIT"] == "100"
-    assert "VCUDA_SCHEDULER" not in env and "VCUDA_MEMORY_LIMIT" not in env
+    _, mounts = edits(cdi_spec(agent, claim))
     assert "/run/vcuda/sched" not in mounts
     (record,) = agent.store.records()
     assert record.tenant is None and record.gpus == (gpu(1).uuid,)
+    q = spec_quota(cdi_spec(agent, claim))
+    assert (q.core_request, q.core_limit, q.gpus) == (100, 100, (quota_file.GPUQuota(gpu(1).uuid, None, ""),))
     # booked through consumable capacity with the defaults (all of it): the same
     claim2 = api.put("resourceclaims", t.claim("whole2", NODE, [t.share(NODE, 0, 100, 16 * GiB)]))
     assert entry(kubelet.prepare(claim2), claim2).error == ""
-    env, _ = edits(cdi_spec(agent, claim2))
-    assert "VCUDA_SCHEDULER" not in env and "VCUDA_MEMORY_LIMIT" not in env
+    assert spec_quota(cdi_spec(agent, claim2)).gpus == (quota_file.GPUQuota(gpu(0).uuid, None, ""),)
 
 
 def test_two_whole_gpus_in_one_request_get_one_cdi_device(agent_factory, kubelet, api):
@@ -377,6 +381,19 @@ def test_a_claim_prepared_before_quota_files_gets_one_and_its_spec_the_mount(age
     assert quota_file.read(agent.layout.quota_dir(record.key) / "quota.conf").gpus[0].memory == 4 * GiB
     _, mounts = edits(cdi_spec(agent, claim))
     assert mounts["/run/vcuda-quota"] == (str(agent.layout.quota_dir(record.key)), ["ro", "nosuid", "nodev", "bind"])
+
+
+def test_a_spec_from_a_driver_that_set_vcuda_variables_is_written_again(agent_factory, kubelet, api):
+    """libvcuda ignores them under the quota file, with a warning in every process: the spec loses them."""
+    agent = agent_factory()
+    claim = api.put("resourceclaims", t.claim("c", NODE, [t.share(NODE, 0, 30, 4 * GiB)]))
+    first = entry(kubelet.prepare(claim), claim)
+    spec = cdi_spec(agent, claim)
+    current = json.loads(json.dumps(spec))
+    spec["devices"][0]["containerEdits"]["env"] += ["VCUDA_CORE_LIMIT=30", "VCUDA_LEDGER=/run/vcuda/ledger"]
+    agent.driver.specs.path(claim["metadata"]["uid"]).write_text(json.dumps(spec))
+    assert entry(kubelet.prepare(claim), claim) == first
+    assert cdi_spec(agent, claim) == current
 
 
 def test_dra_containers_appear_in_the_node_snapshot(agent_factory, kubelet, api, short_dir):

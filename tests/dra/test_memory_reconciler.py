@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kubernetes import client
-from shimtest import container_env_on_host
+from shimtest import cdi_container, container_env_on_host
 from simcontainers import FakeProc
 from simtool import Children, lines, mem
 
@@ -33,8 +33,7 @@ def test_driver_reconciles_claim_ledgers(agent_factory, kubelet, api, short_dir:
         assert kubelet.prepare(claim).claims[claim["metadata"]["uid"]].error == ""
         spec = agent.driver.specs.read(claim["metadata"]["uid"])
         edits = spec["devices"][0]["containerEdits"]
-        env = container_env_on_host(dict(kv.split("=", 1) for kv in edits["env"]),
-                                    {m["containerPath"]: m["hostPath"] for m in edits["mounts"]})
+        env = container_env_on_host(*cdi_container(edits))
         env = {k: v for k, v in env.items() if k != "VCUDA_SCHEDULER"}   # memory only here
         env["VCUDA_SIM_HOST_PID_OFFSET"] = str(OFFSET)
         try:
@@ -71,8 +70,7 @@ def test_driver_kills_a_claim_process_without_the_shim(agent_factory, kubelet, a
         assert kubelet.prepare(claim).claims[claim["metadata"]["uid"]].error == ""
         spec = agent.driver.specs.read(claim["metadata"]["uid"])
         edits = spec["devices"][0]["containerEdits"]
-        env = container_env_on_host(dict(kv.split("=", 1) for kv in edits["env"]),
-                                    {m["containerPath"]: m["hostPath"] for m in edits["mounts"]})
+        env = container_env_on_host(*cdi_container(edits))
         bare = {k: v for k, v in env.items() if k not in ("VCUDA_SCHEDULER", "LD_PRELOAD")}
         try:
             escape = kids.spawn("ready", "init", "primary", "0", "alloc", "100M", "ready", env=bare)

@@ -5,26 +5,35 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from shimtest import OVERHEAD, SIM_MEMORY, Result, Runner, parse
+from shimtest import Result, Runner, one_gpu_sim_env, parse
 
 from py_vcuda import native
+from token_scheduler.testing import AdminClient, spawn_daemon
 
 
 @pytest.fixture
 def sim_env(tmp_path: Path, lib_dir: Path) -> dict[str, str]:
     """Environment of a fresh simulated GPU (one device, 4 GiB, 64 MiB per context)."""
-    return {
-        "VCUDA_REAL_LIBCUDA": str(lib_dir / native.SIM_CUDA),
-        "VCUDA_REAL_LIBNVML": str(lib_dir / native.SIM_NVML),
-        "VCUDA_SIM_STATE": str(tmp_path / "sim.state"),
-        "VCUDA_SIM_DEVICES": "1",
-        "VCUDA_SIM_MEMORY": str(SIM_MEMORY),
-        "VCUDA_SIM_CONTEXT_OVERHEAD": str(OVERHEAD),
-    }
+    return one_gpu_sim_env(lib_dir, tmp_path / "sim.state")
+
+
+@pytest.fixture
+def scheduler(tmp_path: Path) -> Iterator[AdminClient]:
+    """A token scheduler daemon (2 s window) in the test's directory; its admin client."""
+    directory = tmp_path / "sched"
+    daemon = spawn_daemon(directory, "--window", "2s")
+    admin = AdminClient(directory / "admin.sock")
+    try:
+        admin.wait_ready()
+        yield admin
+    finally:
+        admin.close()
+        daemon.kill()
+        daemon.wait()
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +51,6 @@ def cuprobe_linked(build_c: Callable[..., Path], lib_dir: Path) -> Path:
     """cuprobe linked directly against the driver (the simulator), like a CUDA C program."""
     return build_c(["cuprobe.c"], flags=["-DVIA_LINK"],
                    libs=[f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", f"-l:{native.SIM_CUDA}"])
-
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,20 +19,6 @@ from token_scheduler.testing import AdminClient, spawn_daemon
 
 KERNEL_US = 2000
 SYNC_EVERY = 10
-
-
-@pytest.fixture
-def scheduler(tmp_path: Path) -> Iterator[AdminClient]:
-    directory = tmp_path / "sched"
-    daemon = spawn_daemon(directory, "--window", "2s")
-    admin = AdminClient(directory / "admin.sock")
-    try:
-        admin.wait_ready()
-        yield admin
-    finally:
-        admin.close()
-        daemon.kill()
-        daemon.wait()
 
 
 def tenant_env(shim: Path, sim_env: dict[str, str], tmp_path: Path, name: str, endpoint: str | None,

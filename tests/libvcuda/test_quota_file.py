@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from shimtest import OVERHEAD, SIM_MEMORY, MiB, Result, Runner, parse
+from kubecontainer import skip_unless_namespaces
+from shimtest import MiB, Result, Runner, one_gpu_sim_env, parse
 
 from py_vcuda import native
 from py_vcuda._native import ffi, lib
 from py_vcuda.ledger import Ledger
-from token_scheduler.testing import AdminClient, spawn_daemon
+from token_scheduler.testing import AdminClient
 
 QUOTA_FILE = "/run/vcuda-quota/quota.conf"
 GPU0 = "GPU-5157a0c0-0000-4000-8000-000000000000"  # the simulator's UUIDs
@@ -176,12 +177,7 @@ exec "$@"
 
 @pytest.fixture(scope="module")
 def namespaces() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount /run/vcuda-quota in a private mount namespace")
-    if not shutil.which("unshare"):
-        pytest.skip("needs unshare (util-linux)")
-    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
-        pytest.skip("cannot create a mount namespace here")
+    skip_unless_namespaces()   # to mount /run/vcuda-quota
 
 
 @dataclass
@@ -218,15 +214,7 @@ def container(namespaces: None, short_dir: Path, lib_dir: Path) -> Iterator[Cont
     shared = short_dir / "shared"
     shared.mkdir()
     shared.chmod(0o777)
-    env = {
-        "LD_PRELOAD": str(lib_dir / native.SHIM),
-        "VCUDA_REAL_LIBCUDA": str(lib_dir / native.SIM_CUDA),
-        "VCUDA_REAL_LIBNVML": str(lib_dir / native.SIM_NVML),
-        "VCUDA_SIM_STATE": str(shared / "sim.state"),
-        "VCUDA_SIM_DEVICES": "1",
-        "VCUDA_SIM_MEMORY": str(SIM_MEMORY),
-        "VCUDA_SIM_CONTEXT_OVERHEAD": str(OVERHEAD),
-    }
+    env = {"LD_PRELOAD": str(lib_dir / native.SHIM), **one_gpu_sim_env(lib_dir, shared / "sim.state")}
     yield Container(quota_dir, env, shared / "ledger")
 
 
@@ -269,20 +257,6 @@ def test_the_files_memory_limit_holds_whatever_the_environment(container: Contai
         assert warnings == [], res.stderr
     else:
         assert len(warnings) == 1 and ignored in warnings[0] and QUOTA_FILE in warnings[0], res.stderr
-
-
-@pytest.fixture
-def scheduler(tmp_path: Path) -> Iterator[AdminClient]:
-    directory = tmp_path / "sched"
-    daemon = spawn_daemon(directory, "--window", "2s")
-    admin = AdminClient(directory / "admin.sock")
-    try:
-        admin.wait_ready()
-        yield admin
-    finally:
-        admin.close()
-        daemon.kill()
-        daemon.wait()
 
 
 def test_an_empty_scheduler_in_the_environment_keeps_the_files(container: Container, cuprobe: Path,

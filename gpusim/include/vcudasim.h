@@ -251,7 +251,7 @@ typedef struct vcudasim_config {
     uint32_t nvswitch;       /* 1: VCUDA_SIM_NVLINK=switch */
     uint32_t sms;            /* VCUDA_SIM_SMS */
     uint32_t threads_per_sm; /* VCUDA_SIM_THREADS_PER_SM */
-    uint32_t reserved;
+    uint32_t mig_model;      /* VCUDA_SIM_MIG_MODEL: 0 h100-80gb, 1 a100-40gb */
     uint64_t pool_chunk;     /* VCUDA_SIM_POOL_CHUNK */
     uint64_t kernel_code;    /* VCUDA_SIM_KERNEL_CODE */
     uint32_t timeslice_us;   /* round-robin slice between processes */

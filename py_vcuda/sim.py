@@ -159,7 +159,7 @@ class SimConfig:
     kernel_code: int = 0  # code bytes of a kernel no module descriptor describes
     timeslice_us: int = 2000  # round-robin slice between processes' kernels
     # MIG per device: "" not MIG-capable, "off", "on", or "on:1g.10gb,3g.40gb" (MIG mode
-    # with these GPU instances, each with its compute instance, at the first free
+    # with these GPU instances, each with its compute instance, at the highest free
     # placements); None: no device is MIG-capable. MIG-capable devices are mig_model's
     # GPU ("h100-80gb" or "a100-40gb"): its memory, SMs and name.
     mig: list[str] | None = None

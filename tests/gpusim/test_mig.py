@@ -146,6 +146,9 @@ def test_modes_and_names_follow_the_config(nvml: None) -> None:
         assert pynvml.nvmlDeviceGetMemoryInfo(h(i)).total == 81559 * MiB
     assert pynvml.nvmlDeviceGetMemoryInfo(h(2)).total == 1 * GiB
     assert [pynvml.nvmlDeviceGetMaxMigDeviceCount(h(i)) for i in range(3)] == [7, 0, 0]
+    # as NVML: no GPU-wide utilization in MIG mode
+    assert nvml_error(pynvml.nvmlDeviceGetUtilizationRates, h(0)) == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert pynvml.nvmlDeviceGetUtilizationRates(h(1)).gpu == 0
 
 
 def test_mode_changes_at_once_and_disabling_needs_no_instances(nvml: None) -> None:

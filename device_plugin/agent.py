@@ -101,16 +101,14 @@ class Agent:
                                 device_list=cfg.device_list_strategy)
         inventory = self.shared_inventory()
         if self.inventory.mig.enabled:
-            log.warning("GPU(s) %s are in MIG mode: %s", ", ".join(sorted(self.inventory.mig.enabled)),
-                        "each of their MIG instances is shared as a GPU of its own" if cfg.mode == "vgpu" else
-                        f"{cfg.mode} mode does not offer them (work on a GPU in MIG mode must target a MIG "
-                        "instance; use vgpu mode, or pgpu mode with --mig-strategy)")
+            log.warning("GPU(s) %s are in MIG mode: never offered whole; each of their MIG instances is shared "
+                        "as a GPU of its own", ", ".join(sorted(self.inventory.mig.enabled)))
         if not inventory.gpus:
             raise StartError(f"every GPU of this node is in MIG mode without instances: {cfg.mode} mode has "
                              "nothing to offer")
+        for d in self.inventory.mig_devices():
+            self.health.follow(d.uuid, d.parent_uuid)
         if cfg.mode == "vgpu":
-            for d in self.inventory.mig_devices():
-                self.health.follow(d.uuid, d.parent_uuid)
             host_lib = cfg.host_lib_dir / native.SHIM
             if not host_lib.is_file():
                 raise StartError(f"--host-lib-dir: {host_lib} does not exist; the DaemonSet's init step puts "
@@ -128,9 +126,9 @@ class Agent:
         return [mps.MPSPlugin(inventory, self.health, self.store, daemons, device_list=cfg.device_list_strategy)]
 
     def shared_inventory(self) -> Inventory:
-        """What vgpu and mps modes share: vgpu the GPUs without MIG mode and every MIG instance
-        (node_state.gpus.Inventory.shareable), mps the GPUs without MIG mode."""
-        return self.inventory.shareable() if self.config.mode == "vgpu" else self.inventory.whole()
+        """What vgpu and mps modes share: the GPUs without MIG mode and every MIG instance
+        (node_state.gpus.Inventory.shareable; MPS runs on MIG instances, one control daemon each)."""
+        return self.inventory.shareable()
 
     def _labels(self) -> dict[str, str]:
         assert self.nvml is not None

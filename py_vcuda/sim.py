@@ -34,7 +34,7 @@ typedef struct vcudasim_config {
     uint32_t nvswitch;
     uint32_t sms;
     uint32_t threads_per_sm;
-    uint32_t reserved;
+    uint32_t mig_model;
     uint64_t pool_chunk;
     uint64_t kernel_code;
     uint32_t timeslice_us;
@@ -101,6 +101,7 @@ int vcudasim_mig_info(vcudasim_state *st, unsigned dev, vcudasim_mig *out);
 """
 
 API_VERSION = 5
+MIG_MODELS = ("h100-80gb", "a100-40gb")  # VCUDA_SIM_MIG_MODEL, in vcudasim_config.mig_model order
 GiB = 1 << 30
 MiB = 1 << 20
 KiB = 1 << 10
@@ -158,7 +159,7 @@ class SimConfig:
     kernel_code: int = 0  # code bytes of a kernel no module descriptor describes
     timeslice_us: int = 2000  # round-robin slice between processes' kernels
     # MIG per device: "" not MIG-capable, "off", "on", or "on:1g.10gb,3g.40gb" (MIG mode
-    # with these GPU instances, each with its compute instance, at the first free
+    # with these GPU instances, each with its compute instance, at the highest free
     # placements); None: no device is MIG-capable. MIG-capable devices are mig_model's
     # GPU ("h100-80gb" or "a100-40gb"): its memory, SMs and name.
     mig: list[str] | None = None
@@ -253,6 +254,16 @@ class MigState:
     enabled: bool
     instances: tuple[MigInstance, ...] = ()  # by GPU instance id
 
+    def config_entry(self) -> str:
+        """This GPU as a SimConfig.mig entry (instances by GPU instance id; without
+        compute instances, and their placements, not kept)."""
+        if not self.capable:
+            return ""
+        if not self.enabled:
+            return "off"
+        names = ",".join(i.profile for i in self.instances)
+        return f"on:{names}" if names else "on"
+
 
 class SimError(RuntimeError):
     """The simulator's state could not be read."""
@@ -308,16 +319,21 @@ class SimReader:
         self._lib.vcudasim_get_config(self._state(), c)
         devs = [self.device(i) for i in range(c.devices)]
         numa = [d.numa_node for d in devs]
+        migs = [self.mig(i) for i in range(c.devices)]
+        # MIG-capable devices have their model's memory, not the configured one
+        plain = [d for d, m in zip(devs, migs, strict=True) if not m.capable] or devs
         links = sorted({(min(d.index, p), max(d.index, p)) for d in devs for p in d.nvlink_peers})
         return SimConfig(
             state_path=Path(self.path), devices=c.devices,
-            memory=devs[0].capacity if devs else 0, context_overhead=c.context_overhead,
+            memory=plain[0].capacity if plain else 0, context_overhead=c.context_overhead,
             uuids=[d.uuid for d in devs], names=[d.name for d in devs],
             driver_version=c.driver_version, max_pending=c.max_pending,
             numa=None if all(n < 0 for n in numa) else numa, nvlink=links or None,
             nvswitch=bool(c.nvswitch), sms=c.sms, threads_per_sm=c.threads_per_sm,
             pool_chunk=c.pool_chunk, kernel_code=c.kernel_code,
             timeslice_us=c.timeslice_us,
+            mig=[m.config_entry() for m in migs] if any(m.capable for m in migs) else None,
+            mig_model=MIG_MODELS[c.mig_model],
         )
 
     def device_count(self) -> int:

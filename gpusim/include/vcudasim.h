@@ -72,7 +72,10 @@
  *  - MIG (gpusim/src/mig.c, nvml_mig.c). VCUDA_SIM_MIG, one ';'-separated
  *    entry per device: "" not MIG-capable, "off", "on", or
  *    "on:1g.10gb,1g.10gb,3g.40gb" (GPU instances, each with a compute
- *    instance spanning it, created in order at the lowest free placement).
+ *    instance spanning it, created in order, each at the highest free
+ *    valid start, as nvmlDeviceCreateGpuInstance does here: small ones
+ *    fill the GPU from the end, so creating larger profiles first always
+ *    finds room when the layout fits).
  *    VCUDA_SIM_MIG_MODEL (h100-80gb, default, or a100-40gb) gives the
  *    profiles (NVIDIA's MIG user guide: slices, memory, SMs, engines,
  *    instance counts, placements) and a MIG-capable device's memory, SMs
@@ -251,7 +254,7 @@ typedef struct vcudasim_config {
     uint32_t nvswitch;       /* 1: VCUDA_SIM_NVLINK=switch */
     uint32_t sms;            /* VCUDA_SIM_SMS */
     uint32_t threads_per_sm; /* VCUDA_SIM_THREADS_PER_SM */
-    uint32_t reserved;
+    uint32_t mig_model;      /* VCUDA_SIM_MIG_MODEL: 0 h100-80gb, 1 a100-40gb */
     uint64_t pool_chunk;     /* VCUDA_SIM_POOL_CHUNK */
     uint64_t kernel_code;    /* VCUDA_SIM_KERNEL_CODE */
     uint32_t timeslice_us;   /* round-robin slice between processes */

@@ -157,7 +157,7 @@ static int parse_mig_model(const char *key, struct sim_config *cfg, char *err, s
 
 /* One VCUDA_SIM_MIG entry: "" (not MIG-capable), "off", "on" or
  * "on:1g.10gb,3g.40gb" (GPU instances, each with its compute instance,
- * created in order at the first free placement). */
+ * created in order, each at the highest free placement). */
 static int parse_mig_entry(const char *e, size_t len, unsigned dev, struct sim_config *cfg,
                            char *err, size_t errlen)
 {

@@ -67,6 +67,7 @@ VS_EXPORT int vcudasim_get_config(vcudasim_state *st, vcudasim_config *out)
                              .nvswitch = st->sh->nvswitch,
                              .sms = st->sh->sms,
                              .threads_per_sm = st->sh->threads_per_sm,
+                             .mig_model = st->sh->mig_model,
                              .pool_chunk = st->sh->pool_chunk,
                              .kernel_code = st->sh->kernel_code,
                              .timeslice_us = (uint32_t)(st->sh->timeslice_ns / 1000)};

@@ -111,7 +111,10 @@ enum sim_mig_rc sim_gi_place(const struct sim_mig *mig, const struct sim_mig_mod
         return SIM_MIG_INVALID;
     if (!room(mig, m, profile))
         return SIM_MIG_NO_RESOURCES;
-    for (unsigned s = 0; s < SIM_MIG_SLICES; s++) {
+    /* Without a placement, the highest free start, as the driver tends to: small
+     * instances fill the GPU from the end, leaving the low starts that the
+     * large profiles need (4g and 7g only start at 0). */
+    for (unsigned s = SIM_MIG_SLICES; s-- > 0;) {
         if (!(p->starts & (1u << s)) || (start >= 0 && s != (unsigned)start))
             continue;
         if (fits(mig, m, profile, s)) {

@@ -379,6 +379,8 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
     nvmlReturn_t rc = device_of(device, &sh, &i);
     if (rc != NVML_SUCCESS)
         return rc;
+    if (__atomic_load_n(&sh->mig[i].mode, __ATOMIC_ACQUIRE))
+        return NVML_ERROR_NOT_SUPPORTED; /* as NVML: no GPU-wide utilization in MIG mode */
     sim_lock(sh);
     uint64_t busy = sim_utilization_window(sh, i, sim_now_ns(), 1000000000ull);
     sim_unlock(sh);

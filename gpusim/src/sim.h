@@ -213,7 +213,7 @@ extern const unsigned sim_mig_nmodels;
 const struct sim_mig_model *sim_mig_model(const struct sim_shared *sh);
 int sim_mig_profile_by_name(const struct sim_mig_model *m, const char *name, size_t len);
 /* GPU instances on a MIG table alone (also used on the configuration before
- * the state exists). start < 0: the first free placement. */
+ * the state exists). start < 0: the highest free placement. */
 enum sim_mig_rc sim_gi_place(const struct sim_mig *mig, const struct sim_mig_model *m,
                              unsigned profile, int start, unsigned *out_start);
 unsigned sim_gi_remaining(const struct sim_mig *mig, const struct sim_mig_model *m,

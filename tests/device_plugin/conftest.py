@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -166,3 +168,36 @@ def agent_factory(short_dir: Path, kubelet: TestKubelet) -> Iterator[Callable[..
     yield make
     for agent in reversed(started):
         agent.stop()
+
+
+FAKE_MPS = textwrap.dedent("""\
+    #!/usr/bin/env python3
+    # Fake nvidia-cuda-mps-control: "-d" daemonises and writes the pid file; stdin "quit" stops it.
+    import os, sys, time
+    pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
+    pidfile = os.path.join(pipe, "nvidia-cuda-mps-control.pid")
+    with open(os.path.join(pipe, "calls"), "a") as f:
+        f.write(" ".join(sys.argv[1:]) + " gpu=" + os.environ["CUDA_VISIBLE_DEVICES"]
+                + " log=" + os.environ["CUDA_MPS_LOG_DIRECTORY"] + "\\n")
+    if sys.argv[1:] == ["-d"]:
+        if os.fork():
+            sys.exit(0)
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        with open(pidfile, "w") as f:
+            f.write(str(os.getpid()))
+        while os.path.exists(pidfile):
+            time.sleep(0.05)
+        os._exit(0)
+    if sys.stdin.read().strip() == "quit":
+        os.unlink(pidfile)
+""")
+
+
+@pytest.fixture
+def fake_mps(short_dir: Path) -> Path:
+    path = short_dir / "fake-mps-control"
+    path.write_text(FAKE_MPS)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path

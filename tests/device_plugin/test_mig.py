@@ -247,15 +247,22 @@ def test_an_xid_on_the_parent_marks_its_instances_and_they_recover(agent_factory
     dp.wait_for(lambda: health() == {"Healthy"}, what="instances healthy again")
 
 
-def test_mps_does_not_offer_a_mig_gpu(agent_factory, kubelet, caplog):
+def test_mps_runs_a_control_daemon_per_mig_instance(agent_factory, kubelet, fake_mps, caplog):
+    from device_plugin.mps import mps_dir
+
     fake = FakeMig(NODE_MIG)
-    try:
-        agent_factory("mps", inv=fake.inventory(), mps_control="/bin/true")
-    except Exception:
-        pytest.skip("MPS daemons need the simulator's control binary")
+    migs = fake.instances[0]
+    agent = agent_factory("mps", inv=fake.inventory(), mps_control=str(fake_mps))
     gpus = {d.ID.split("::")[0] for d in kubelet.latest_devices("nvidia.com/mps-core")}
-    assert gpus == {fake.gpus_[1].uuid, fake.gpus_[2].uuid}
-    assert "mps mode does not offer them" in caplog.text
+    assert gpus == {fake.gpus_[1].uuid, fake.gpus_[2].uuid, *(m.uuid for m in migs)}
+    assert fake.gpus_[0].uuid not in {c.uuid for c in agent.supervisor.children}   # never the MIG GPU whole
+    big = migs[2]
+    pipe = mps_dir(agent.layout, big.uuid) / "pipe"
+    assert (pipe / "calls").read_text().startswith(f"-d gpu={big.uuid} ")   # CUDA_VISIBLE_DEVICES=MIG-<uuid>
+    resp = kubelet.allocate("nvidia.com/mps-core", [f"{big.uuid}::{i}" for i in range(25)]).container_responses[0]
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == big.uuid
+    assert resp.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={(big.memory_total // 4) >> 20}M"   # of the instance
+    assert "never offered whole" in caplog.text
 
 
 def test_vgpu_shares_each_mig_instance_as_a_gpu_and_never_the_mig_gpu(agent_factory, kubelet, dp):

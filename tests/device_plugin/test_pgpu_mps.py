@@ -4,10 +4,7 @@ supervised control daemon — a fake one here) modes through the test kubelet.""
 from __future__ import annotations
 
 import os
-import stat
-import textwrap
 from dataclasses import replace
-from pathlib import Path
 
 import grpc
 import pytest
@@ -68,39 +65,6 @@ def test_pgpu_allocate(agent_factory, kubelet, dp):
     with pytest.raises(grpc.RpcError) as e:   # the first container of a failed request goes too
         kubelet.allocate(GPU, [a], ["GPU-unknown"])
     assert [r.gpus for r in agent.store.records()] == [(b, a)]
-
-
-FAKE_MPS = textwrap.dedent("""\
-    #!/usr/bin/env python3
-    # Fake nvidia-cuda-mps-control: "-d" daemonises and writes the pid file; stdin "quit" stops it.
-    import os, sys, time
-    pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
-    pidfile = os.path.join(pipe, "nvidia-cuda-mps-control.pid")
-    with open(os.path.join(pipe, "calls"), "a") as f:
-        f.write(" ".join(sys.argv[1:]) + " gpu=" + os.environ["CUDA_VISIBLE_DEVICES"]
-                + " log=" + os.environ["CUDA_MPS_LOG_DIRECTORY"] + "\\n")
-    if sys.argv[1:] == ["-d"]:
-        if os.fork():
-            sys.exit(0)
-        os.setsid()
-        if os.fork():
-            os._exit(0)
-        with open(pidfile, "w") as f:
-            f.write(str(os.getpid()))
-        while os.path.exists(pidfile):
-            time.sleep(0.05)
-        os._exit(0)
-    if sys.stdin.read().strip() == "quit":
-        os.unlink(pidfile)
-""")
-
-
-@pytest.fixture
-def fake_mps(short_dir: Path) -> Path:
-    path = short_dir / "fake-mps-control"
-    path.write_text(FAKE_MPS)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
 
 
 def test_mps_daemon_per_gpu_env_and_supervision(agent_factory, kubelet, dp, fake_mps):

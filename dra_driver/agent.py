@@ -63,8 +63,11 @@ class DriverAgent:
         self.layout = NodeLayout(config.state_dir)
         self.store = ContainerStore(self.layout)
         self.health = Health()
+        for d in inventory.mig_devices():   # an instance is as healthy as its GPU (XIDs are the GPU's)
+            self.health.follow(d.uuid, d.parent_uuid)
+        # One token scheduler per GPU shared whole and per MIG instance (each has its own timeline).
         self.schedulers = {g.uuid: TokenScheduler(g.uuid, self.layout, functools.partial(self.store.tenants, g.uuid))
-                           for g in inventory.gpus}
+                           for g in inventory.shareable().gpus}
         self.supervisor = Supervisor(list(self.schedulers.values()))
         self.driver = Driver(node=config.node_name, inventory=inventory, health=self.health, store=self.store,
                              schedulers=self.schedulers, host_lib=host_lib, specs=SpecDir(config.cdi_dir),

@@ -39,7 +39,7 @@ from dra_driver import cdi
 from dra_driver.checkpoint import PREPARED, UNPREPARING, Checkpoint, PreparedClaim, PreparedDevice, PreparedShare
 from dra_driver.claims import Claim, ClaimError, Result, Share, parse_claim, plan
 from dra_driver.names import CONFIG_KIND, DRIVER
-from dra_driver.slices import device_name
+from dra_driver.slices import offers
 from node_state import tenancy
 from node_state.containers import ContainerStore, new_key
 from node_state.gpus import Health, Inventory
@@ -93,7 +93,8 @@ class Driver:
         self.checkpoint = checkpoint
         self.api = api
         self.opt_out_namespaces = opt_out_namespaces   # whose shares may go without /etc/ld.so.preload
-        self._by_device = {device_name(g.index): g for g in inventory.gpus}
+        # Device name -> what a claim on it runs on (a MIG instance as a GPU of its own).
+        self._by_device = {o.name: o.gpu for o in offers(inventory)}
         self._lock = threading.RLock()   # one claim at a time changes node state
 
     # ---- the kubelet's calls ---------------------------------------------------------------------

@@ -1,17 +1,22 @@
 """This node's GPUs as a ResourceSlice (resource.k8s.io/v1), kept current in the API server.
 
 One pool per node (named after the node), one slice holding it, one device per
-healthy GPU (``gpu-<index>``). Each device can be shared by several claims
-(``allowMultipleAllocations``), each consuming part of its capacity:
+healthy GPU not in MIG mode (``gpu-<index>``) and one per MIG instance
+(``mig-<parent index>-<GPU instance id>``; a GPU in MIG mode is never offered
+whole: it runs work only on its instances). Each device can be shared by several
+claims (``allowMultipleAllocations``), each consuming part of its capacity:
 
-    cores    100 per GPU, requests in steps of 1 (1..100), default 100
-    memory   the GPU's bytes, requests in steps of 256 MiB, default all of it
+    cores    100 per GPU or instance, requests in steps of 1 (1..100), default 100
+    memory   the GPU's (instance's) bytes, requests in steps of 256 MiB, default all of it
 
-A request that names neither consumes the defaults: the whole GPU. Attributes
+A request that names neither consumes the defaults: the whole GPU (instance). Attributes
 (qualified with the driver's domain in CEL: ``device.attributes["gpu.vcuda.io"].uuid``):
-uuid, index, productName, memory (bytes), driverVersion and cudaDriverVersion
-(semver), numaNode (when known), nvlinkPeers (indexes of the NVLink-connected
-GPUs, comma separated, sorted).
+type (``gpu`` or ``mig``), uuid, index, productName, memory (bytes), driverVersion and
+cudaDriverVersion (semver), numaNode (when known), nvlinkPeers (indexes of the
+NVLink-connected GPUs, comma separated, sorted). A MIG instance's uuid is its
+``MIG-<uuid>`` and its index its parent's; it adds parentUUID, profile (``1g.10gb``),
+multiprocessors, slices (compute slices), gpuInstance, placementStart and placementSize
+(memory slices).
 
 `SlicePublisher` writes the slice when it starts, whenever a GPU's health
 changes (an unhealthy GPU leaves the slice, so no new claim lands on it; it
@@ -35,6 +40,8 @@ from dra_driver.claims import whole_memory
 from dra_driver.names import CORES, DRIVER, MEMORY
 from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES
 from node_state.gpus import Inventory
+from node_state.mig import MigDevice
+from py_vcuda.nvml import GPUInfo
 
 log = logging.getLogger(__name__)
 
@@ -63,48 +70,87 @@ def device_name(index: int) -> str:
     return f"gpu-{index}"
 
 
+def mig_device_name(d: MigDevice) -> str:
+    return f"mig-{d.parent_index}-{d.gpu_instance}"
+
+
 def slice_name(node: str) -> str:
     return f"{node}-{DRIVER}"
 
 
+@dataclass(frozen=True)
+class Offer:
+    """A device of the slice and what a claim on it runs on: a GPU, or a MIG instance as a GPU of
+    its own (node_state.gpus.Inventory.shareable: its MIG-<uuid> and its memory)."""
+
+    name: str
+    gpu: GPUInfo
+    mig: MigDevice | None = None
+    parent: GPUInfo | None = None    # a MIG instance's GPU
+
+
+def offers(inventory: Inventory) -> list[Offer]:
+    """The node's devices: its GPUs not in MIG mode (index order), then every MIG instance."""
+    whole = sorted(inventory.whole().gpus, key=lambda g: g.index)
+    out = [Offer(device_name(g.index), g) for g in whole]
+    instances = inventory.shareable().gpus[len(whole):]
+    for d, g in zip(inventory.mig_devices(), instances, strict=True):
+        out.append(Offer(mig_device_name(d), g, d, inventory.by_uuid(d.parent_uuid)))
+    return out
+
+
+def capacity(memory_total: int) -> dict[str, Any]:
+    """Consumable capacity of a GPU or MIG instance with this much memory."""
+    memory = whole_memory(memory_total)
+    return {
+        CORES: {"value": str(CORES_PER_GPU), "requestPolicy": {
+            "default": str(CORES_PER_GPU),
+            "validRange": {"min": "1", "max": str(CORES_PER_GPU), "step": "1"}}},
+        MEMORY: {"value": str(memory_total), "requestPolicy": {
+            "default": str(memory),
+            "validRange": {"min": str(MEMORY_UNIT_BYTES), "max": str(memory),
+                           "step": str(MEMORY_UNIT_BYTES)}}},
+    }
+
+
+def mig_attributes(d: MigDevice) -> dict[str, Any]:
+    return {"type": {"string": "mig"}, "parentUUID": {"string": d.parent_uuid}, "profile": {"string": d.profile},
+            "multiprocessors": {"int": d.multiprocessors}, "slices": {"int": d.slices},
+            "gpuInstance": {"int": d.gpu_instance}, "placementStart": {"int": d.placement.start},
+            "placementSize": {"int": d.placement.size}}
+
+
 def devices(inventory: Inventory, healthy: Callable[[str], bool], versions: DriverVersions) -> list[dict[str, Any]]:
-    """The slice's devices: one per healthy GPU, in index order."""
+    """The slice's devices: one per healthy GPU not in MIG mode, in index order, then one per MIG instance."""
     common: dict[str, Any] = {}
     if versions.driver and (v := semver(versions.driver)):
         common["driverVersion"] = {"version": v}
     if versions.cuda:
         common["cudaDriverVersion"] = {"version": f"{versions.cuda[0]}.{versions.cuda[1]}.0"}
     out = []
-    for g in sorted(inventory.gpus, key=lambda g: g.index):
+    for offer in offers(inventory):
+        g = offer.gpu
         if not healthy(g.uuid):
             continue
+        host = offer.parent or g
         attributes: dict[str, Any] = {
+            "type": {"string": "gpu"},
             "uuid": {"string": g.uuid},
-            "index": {"int": g.index},
-            "productName": {"string": g.name},
+            "index": {"int": host.index},
+            "productName": {"string": host.name},
             "memory": {"int": g.memory_total},
             **common,
         }
         if g.numa_node is not None:
             attributes["numaNode"] = {"int": g.numa_node}
-        peers = sorted(inventory.nvlink.get(g.index, ()))
-        if peers:
-            attributes["nvlinkPeers"] = {"string": ",".join(map(str, peers))}
-        memory = whole_memory(g.memory_total)
-        out.append({
-            "name": device_name(g.index),
-            "attributes": attributes,
-            "capacity": {
-                CORES: {"value": str(CORES_PER_GPU), "requestPolicy": {
-                    "default": str(CORES_PER_GPU),
-                    "validRange": {"min": "1", "max": str(CORES_PER_GPU), "step": "1"}}},
-                MEMORY: {"value": str(g.memory_total), "requestPolicy": {
-                    "default": str(memory),
-                    "validRange": {"min": str(MEMORY_UNIT_BYTES), "max": str(memory),
-                                   "step": str(MEMORY_UNIT_BYTES)}}},
-            },
-            "allowMultipleAllocations": True,
-        })
+        if offer.mig is not None:
+            attributes.update(mig_attributes(offer.mig))
+        else:
+            peers = sorted(inventory.nvlink.get(g.index, ()))
+            if peers:
+                attributes["nvlinkPeers"] = {"string": ",".join(map(str, peers))}
+        out.append({"name": offer.name, "attributes": attributes, "capacity": capacity(g.memory_total),
+                    "allowMultipleAllocations": True})
     return out
 
 

@@ -98,10 +98,12 @@ def test_same_privileges_pid_namespace_and_init_step_as_the_vgpu_device_plugin()
 
 def test_device_classes_select_the_driver() -> None:
     classes = {d["metadata"]["name"]: d for d in load(DEPLOY / "deviceclasses.yaml")}
-    assert set(classes) == {"gpu-share.vcuda.io", "gpu.vcuda.io"}
-    for cls in classes.values():
+    assert set(classes) == {"gpu-share.vcuda.io", "gpu.vcuda.io", "mig.vcuda.io"}
+    for name, cls in classes.items():
         (selector,) = cls["spec"]["selectors"]
-        assert selector["cel"]["expression"] == f'device.driver == "{names.DRIVER}"'
+        kind = "mig" if name == "mig.vcuda.io" else "gpu"   # the `type` attribute of dra_driver.slices
+        assert selector["cel"]["expression"] == (f'device.driver == "{names.DRIVER}" && '
+                                                 f'device.attributes["{names.DRIVER}"].type == "{kind}"')
     (cfg,) = classes["gpu-share.vcuda.io"]["spec"]["config"]
     from dra_driver.claims import share_config_fields
 

@@ -30,7 +30,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,6 +39,7 @@ from dra_driver import cdi
 from dra_driver.checkpoint import PREPARED, UNPREPARING, Checkpoint, PreparedClaim, PreparedDevice, PreparedShare
 from dra_driver.claims import Claim, ClaimError, Result, Share, parse_claim, plan
 from dra_driver.names import CONFIG_KIND, DRIVER
+from dra_driver.partitions import Partitioner
 from dra_driver.slices import offers
 from node_state import tenancy
 from node_state.containers import ContainerStore, new_key
@@ -82,7 +83,8 @@ class Prepared:
 class Driver:
     def __init__(self, *, node: str, inventory: Inventory, health: Health, store: ContainerStore,
                  schedulers: Mapping[str, TokenScheduler], host_lib: Path, specs: cdi.SpecDir,
-                 checkpoint: Checkpoint, api: ClaimSource, opt_out_namespaces: Collection[str] = frozenset()) -> None:
+                 checkpoint: Checkpoint, api: ClaimSource, opt_out_namespaces: Collection[str] = frozenset(),
+                 partitioner: Partitioner | None = None, on_change: Callable[[], None] = lambda: None) -> None:
         self.node = node
         self.inventory = inventory
         self.health = health
@@ -96,6 +98,8 @@ class Driver:
         # Device name -> what a claim on it runs on (a MIG instance as a GPU of its own).
         self._by_device = {o.name: o.gpu for o in offers(inventory)}
         self._lock = threading.RLock()   # one claim at a time changes node state
+        self.partitioner = partitioner   # --mig=dynamic: MIG partitions made at prepare
+        self.on_change = on_change       # what is offered may have changed (dynamic MIG): republish
 
     # ---- the kubelet's calls ---------------------------------------------------------------------
 
@@ -106,6 +110,8 @@ class Driver:
                 out[c.uid] = self.prepare_claim(c)
             except Exception as exc:
                 out[c.uid] = Prepared(error=_message("prepare", c, exc))
+        if self.partitioner is not None:
+            self.on_change()   # a GPU with work on it is not partitioned, one with partitions not offered whole
         return out
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
@@ -117,6 +123,8 @@ class Driver:
                 out[c.uid] = ""
             except Exception as exc:
                 out[c.uid] = _message("unprepare", c, exc)
+        if self.partitioner is not None:
+            self.on_change()
         return out
 
     # ---- prepare ---------------------------------------------------------------------------------
@@ -130,9 +138,37 @@ class Driver:
             if done is not None:
                 self._take_down(done)   # an unprepare that did not finish: finish it, then start afresh
         claim = self._read(ref)
-        shares = plan(claim, self._gpu_of)
+        made = self._make_partitions(claim)
+        try:
+            return self._prepare(claim, ref, made)
+        except BaseException:
+            if made and self.partitioner is not None:
+                with self._lock:
+                    done = self.checkpoint.get(ref.uid)
+                    if done is None or done.state != PREPARED:
+                        self.partitioner.release(claim.uid)
+            raise
+
+    def _make_partitions(self, claim: Claim) -> dict[str, GPUInfo]:
+        """The claim's MIG partitions (--mig=dynamic), made now: device name -> the instance as a GPU."""
+        if self.partitioner is None:
+            return {}
+        made = {}
+        with self._lock:
+            for r in claim.results:
+                if r.pool == self.node and r.device in self.partitioner.catalog and r.device not in made:
+                    made[r.device] = self.partitioner.make(claim.uid, r.device)
+        return made
+
+    def _prepare(self, claim: Claim, ref: ClaimRef, made: Mapping[str, GPUInfo]) -> Prepared:
+        shares = plan(claim, lambda r: made.get(r.device) if r.pool == self.node and r.device in made
+                      else self._gpu_of(r))
         if not shares:
             return Prepared()   # nothing of ours in it (another driver's devices)
+        if self.partitioner is not None:
+            for share in shares:
+                for uuid in share.gpus:
+                    self.partitioner.check_whole(uuid)
         self._check_opt_out(claim, shares)
         for share in shares:
             for uuid in share.gpus:
@@ -171,7 +207,19 @@ class Driver:
         return claim
 
     def _gpu_of(self, result: Result) -> GPUInfo | None:
-        return self._by_device.get(result.device) if result.pool == self.node else None
+        if result.pool != self.node:
+            return None
+        gpu = self._by_device.get(result.device)
+        if gpu is None and self.partitioner is not None:   # a partitionable GPU in MIG mode now: see check_whole
+            gpu = self.partitioner.whole_gpu(result.device)
+        return gpu
+
+    def claims_on(self, uuid: str) -> str | None:
+        """Why GPU `uuid` runs whole-GPU or shared work: a prepared claim on it (None: none)."""
+        for done in self.checkpoint.all():
+            if any(uuid in s.record.gpus for s in done.shares):
+                return f"claim {done.ref} runs on it"
+        return None
 
     def _consumers(self, claim: Claim) -> tuple[tuple[str, str], dict[str, list[str]]]:
         """(pod name, uid) the claim is reserved for, and per request the pod's containers that use it.
@@ -283,6 +331,8 @@ class Driver:
             done = self.checkpoint.get(ref.uid)
             if done is None:
                 self._remove_orphans(ref.uid)   # a prepare that crashed before its checkpoint
+                if self.partitioner is not None:
+                    self.partitioner.release(ref.uid)
                 return
             self._take_down(done)
             log.info("unprepared claim %s (%s)", done.ref, done.uid)
@@ -294,6 +344,8 @@ class Driver:
         for s in done.shares:
             self._remove_container(s.record)
         self._remove_orphans(done.uid)
+        if self.partitioner is not None:
+            self.partitioner.release(done.uid)   # before the checkpoint goes: a crash here is finished at start
         self.checkpoint.remove(done.uid)
 
     def _remove_container(self, record: ContainerRecord) -> None:
@@ -331,6 +383,8 @@ class Driver:
             for uid in self.specs.claims() - known:
                 log.info("removing the CDI spec of claim %s, which is not prepared", uid)
                 self.specs.remove(uid)
+            if self.partitioner is not None:
+                self.partitioner.recover({c.uid for c in self.checkpoint.all() if c.state == PREPARED})
 
     def prepared(self) -> list[PreparedClaim]:
         return self.checkpoint.all()

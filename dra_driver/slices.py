@@ -154,16 +154,22 @@ def devices(inventory: Inventory, healthy: Callable[[str], bool], versions: Driv
     return out
 
 
-def resource_slice(node: str, node_uid: str | None, generation: int, devs: list[dict[str, Any]]) -> Slice:
-    meta: dict[str, Any] = {"name": slice_name(node)}
+Pool = dict[str, dict[str, Any]]   # slice name -> what its spec holds: {"devices": [...]} or {"sharedCounters": [...]}
+
+
+def resource_slice(node: str, node_uid: str | None, generation: int, devs: list[dict[str, Any]] | dict[str, Any],
+                   *, name: str | None = None, count: int = 1) -> Slice:
+    """One slice of the node's pool (of `count` slices): `devs` its devices, or what its spec holds."""
+    part = {"devices": devs} if isinstance(devs, list) else devs
+    meta: dict[str, Any] = {"name": name or slice_name(node)}
     if node_uid:
         # Owned by the Node: the garbage collector removes the slice with it.
         meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid,
                                     "controller": True}]
     return {"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": meta,
             "spec": {"driver": DRIVER, "nodeName": node,
-                     "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-                     "devices": devs}}
+                     "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+                     **part}}
 
 
 class SliceAPI(Protocol):
@@ -181,7 +187,10 @@ class Conflict(Exception):
 
 
 class SlicePublisher:
-    def __init__(self, api: SliceAPI, node: str, build: Callable[[], list[dict[str, Any]]], *,
+    """Keeps the node's pool in the API server. `build` gives the devices of its one slice, or (MIG
+    partitions: counter sets and devices go in separate slices) the whole pool by slice name."""
+
+    def __init__(self, api: SliceAPI, node: str, build: Callable[[], list[dict[str, Any]] | Pool], *,
                  resync_s: float = 60.0, retry_s: float = 0.5, max_retry_s: float = 30.0) -> None:
         self.api = api
         self.node = node
@@ -194,7 +203,7 @@ class SlicePublisher:
         self.writes = 0                # successful creates and replaces, for tests and logs
         self.published = threading.Event()
         self._node_uid: str | None = None
-        self._written: tuple[str, list[dict[str, Any]]] | None = None   # (resourceVersion, devices) we wrote
+        self._written: dict[str, tuple[str, dict[str, Any]]] = {}   # slice name -> (resourceVersion, spec part)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -241,35 +250,45 @@ class SlicePublisher:
                 continue   # someone changed it under us: read it again
         raise Conflict(f"ResourceSlice {self.name} kept changing under the driver")
 
+    def _pool(self) -> Pool:
+        built = self.build()
+        return built if isinstance(built, dict) else {self.name: {"devices": built}}
+
     def _sync_once(self) -> bool:
-        devs = self.build()
+        pool = self._pool()
         if self._node_uid is None:
             self._node_uid = self.api.node_uid(self.node)
-        ours = None
+        ours: dict[str, Slice] = {}
         for s in self.api.list_slices(self.node):
-            if s["metadata"]["name"] == self.name:
-                ours = s
+            name = s["metadata"]["name"]
+            if name in pool:
+                ours[name] = s
             else:
-                # A slice of this driver and node under another name (an older driver's): ours replaces it.
-                log.info("deleting stale ResourceSlice %s", s["metadata"]["name"])
-                self.api.delete_slice(s["metadata"]["name"])
+                # A slice of this driver and node we do not publish now (an older driver's, or a GPU's
+                # partitions that went): the pool replaces it.
+                log.info("deleting stale ResourceSlice %s", name)
+                self.api.delete_slice(name)
             self.generation = max(self.generation, int(s["spec"].get("pool", {}).get("generation", 0)))
-        rv = ours["metadata"].get("resourceVersion") if ours else None
-        if ours is not None and self._written == (rv, devs):
+        if all(name in ours and self._written.get(name) == (ours[name]["metadata"].get("resourceVersion"), part)
+               for name, part in pool.items()):
             self.published.set()
             return False
         started = time.perf_counter()
-        body = resource_slice(self.node, self._node_uid, self.generation + 1, devs)
-        if ours is None:
-            written = self.api.create_slice(body)
-        else:
-            body["metadata"]["resourceVersion"] = rv
-            written = self.api.replace_slice(body)
+        # Every slice of the pool carries the new generation: the scheduler ignores older ones.
+        written: dict[str, tuple[str, dict[str, Any]]] = {}
+        for name, part in pool.items():
+            body = resource_slice(self.node, self._node_uid, self.generation + 1, part, name=name, count=len(pool))
+            if name not in ours:
+                done = self.api.create_slice(body)
+            else:
+                body["metadata"]["resourceVersion"] = ours[name]["metadata"].get("resourceVersion")
+                done = self.api.replace_slice(body)
+            written[name] = (done["metadata"].get("resourceVersion"), part)
         self.generation += 1
         self.writes += 1
-        self._written = (written["metadata"].get("resourceVersion"), devs)
+        self._written = written
         self.published.set()
-        log.info("published ResourceSlice %s: %d device(s), generation %d (%.1f ms)", self.name, len(devs),
-                 self.generation, (time.perf_counter() - started) * 1000)
+        log.info("published ResourceSlice(s) %s: %d device(s), generation %d (%.1f ms)", ", ".join(pool),
+                 sum(len(p.get("devices") or ()) for p in pool.values()), self.generation,
+                 (time.perf_counter() - started) * 1000)
         return True
-

@@ -252,3 +252,44 @@ def test_a_failed_create_leaves_nothing(agent_factory, kubelet, api, short_dir):
     claim = partition_claim(api, "p", P6)
     assert "not made" in error(kubelet.prepare(claim), claim)
     assert mig.instances[0] == [] and not mig.modes[0] and record_at(short_dir).created == {}
+
+
+# ---- on the simulator's NVML ---------------------------------------------------------------------
+
+def test_a_partition_is_made_on_the_simulator_and_cuda_sees_exactly_it(agent_factory, kubelet, api, short_dir,
+                                                                       cuprobe_exe):
+    """The real NVML calls (py_vcuda.nvml) on the simulator: MIG mode on, the instance at the placement the
+    scheduler chose, a CUDA program with the CDI spec's device sees that instance; unprepare undoes it all."""
+    import os
+    import subprocess
+    from unittest import mock
+
+    from shimtest import parse
+
+    from node_state.gpus import Inventory
+    from py_vcuda.sim import MiB, SimConfig, SimReader, nvml_session
+
+    sim = SimConfig(state_path=short_dir / "sim", devices=2, memory=16 * GiB, context_overhead=64 * MiB,
+                    mig=["off", ""])
+
+    def state() -> Any:
+        with mock.patch.dict(os.environ, sim.env()), SimReader(sim.state_path, create=True) as r:
+            return r.mig(0)
+
+    with nvml_session(sim) as nvml:
+        agent = agent_factory(inv=Inventory.from_nvml(nvml), nvml=nvml, config={"mig": "dynamic"})
+        device = partitions.partition_name(0, "3g.40gb", 4)
+        assert device in agent.partitioner.catalog
+        claim = partition_claim(api, "sim", device)
+        assert error(kubelet.prepare(claim), claim) == ""
+        (made,) = state().instances
+        assert state().enabled and (made.profile, made.start, made.size) == ("3g.40gb", 4, 4)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_")}
+        env.update(sim.env())
+        env["CUDA_VISIBLE_DEVICES"] = spec_env(agent, claim)["NVIDIA_VISIBLE_DEVICES"]
+        assert env["CUDA_VISIBLE_DEVICES"] == made.uuid
+        proc = subprocess.run([str(cuprobe_exe), "init", "ctx", f"alloc:{GiB}"], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert [int(d["rc"]) for d in parse(proc.stdout) if d["cmd"] == "alloc"] == [0], proc.stdout + proc.stderr
+        assert error(kubelet.unprepare(claim), claim) == ""
+        assert state().instances == () and not state().enabled

@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dra_driver import cdi
-from dra_driver.checkpoint import PREPARED, UNPREPARING, Checkpoint, PreparedClaim, PreparedDevice, PreparedShare
+from dra_driver.checkpoint import (
+    PREPARED,
+    UNPREPARING,
+    Checkpoint,
+    CheckpointError,
+    PreparedClaim,
+    PreparedDevice,
+    PreparedShare,
+)
 from dra_driver.claims import Claim, ClaimError, Result, Share, parse_claim, plan
 from dra_driver.names import CONFIG_KIND, DRIVER
 from dra_driver.partitions import Partitioner
@@ -215,9 +223,16 @@ class Driver:
         return gpu
 
     def claims_on(self, uuid: str) -> str | None:
-        """Why GPU `uuid` runs whole-GPU or shared work: a prepared claim on it (None: none)."""
-        for done in self.checkpoint.all():
-            if any(uuid in s.record.gpus for s in done.shares):
+        """Why GPU `uuid` runs whole-GPU or shared work: a prepared claim on it (None: none).
+
+        Called from the slice publisher's thread too: reads checkpoints one by one (Checkpoint.all, for
+        the start only, removes the temporary files of writes in progress)."""
+        for uid in sorted(self.checkpoint.uids()):
+            try:
+                done = self.checkpoint.get(uid)
+            except (OSError, CheckpointError):
+                continue
+            if done is not None and any(uuid in s.record.gpus for s in done.shares):
                 return f"claim {done.ref} runs on it"
         return None
 

@@ -118,6 +118,12 @@ def prepare_latency(rig: Rig, gpus: int, per_gpu: int) -> tuple[list[float], lis
                                                           "resources": {"claims": [{"name": "gpu"}]}}]}})
             claims.append(rig.api.put("resourceclaims", testing.claim(
                 name, NODE, [testing.share(NODE, g, cores, 256 * MiB)], namespace="bench", pod=name)))
+    return timed_prepare_unprepare(rig, claims)
+
+
+def timed_prepare_unprepare(rig: Rig, claims: list[dict], what: str = "prepare"  # type: ignore[type-arg]
+                            ) -> tuple[list[float], list[float]]:
+    """ms of each claim's NodePrepareResources at the kubelet, then of each one's NodeUnprepareResources."""
     prepare, unprepare = [], []
     for claim in claims:
         t0 = time.perf_counter()
@@ -125,7 +131,7 @@ def prepare_latency(rig: Rig, gpus: int, per_gpu: int) -> tuple[list[float], lis
         prepare.append((time.perf_counter() - t0) * 1000)
         error = resp.claims[claim["metadata"]["uid"]].error
         if error:
-            raise SystemExit(f"prepare failed: {error}")
+            raise SystemExit(f"{what} failed: {error}")
     for claim in claims:
         t0 = time.perf_counter()
         rig.kubelet.unprepare(claim)
@@ -170,17 +176,9 @@ def partition_latency(rig: Rig, gpus: int, rounds: int) -> tuple[list[float], li
             "request": "gpu", "driver": DRIVER, "pool": NODE,
             "device": partitions.partition_name(g, "1g.10gb", s)}], namespace="bench"))
             for g in range(gpus) for s in range(7)]
-        for claim in claims:
-            t0 = time.perf_counter()
-            resp = rig.kubelet.prepare(claim)
-            prepare.append((time.perf_counter() - t0) * 1000)
-            error = resp.claims[claim["metadata"]["uid"]].error
-            if error:
-                raise SystemExit(f"prepare of a partition failed: {error}")
-        for claim in claims:
-            t0 = time.perf_counter()
-            rig.kubelet.unprepare(claim)
-            unprepare.append((time.perf_counter() - t0) * 1000)
+        made, gone = timed_prepare_unprepare(rig, claims, "prepare of a partition")
+        prepare += made
+        unprepare += gone
     return prepare, unprepare
 
 

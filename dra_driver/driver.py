@@ -166,6 +166,8 @@ class Driver:
             for r in claim.results:
                 if r.pool == self.node and r.device in self.partitioner.catalog and r.device not in made:
                     made[r.device] = self.partitioner.make(claim.uid, r.device)
+                    # The instance is as healthy as its GPU (XIDs are the GPU's).
+                    self.health.follow(made[r.device].uuid, self.partitioner.catalog[r.device].gpu.uuid)
         return made
 
     def _prepare(self, claim: Claim, ref: ClaimRef, made: Mapping[str, GPUInfo]) -> Prepared:

@@ -133,6 +133,9 @@ def test_prepare_makes_the_partition_and_unprepare_destroys_it(agent_factory, ku
     (dev,) = mig.instances[0]
     assert (dev.profile, dev.placement) == ("1g.10gb", MigPlacement(6, 1)) and mig.modes[0]
     assert spec_env(agent, claim)["NVIDIA_VISIBLE_DEVICES"] == dev.uuid
+    agent.health.set(mig.gpus_[0].uuid, False, "test: XID")   # the partition is as healthy as its GPU
+    assert not agent.health.healthy(dev.uuid)
+    agent.health.set(mig.gpus_[0].uuid, True)
     record = MigRecord(short_dir / "st" / MIG_RECORD)
     assert record.owned(mig.gpus_[0].uuid) == {dev.uuid} and record.enabled == [mig.gpus_[0].uuid]
     # A GPU with partitions in use is not offered whole; its other partitions stay.

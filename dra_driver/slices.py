@@ -225,24 +225,34 @@ class SlicePublisher:
     def _run(self) -> None:
         pause = self.retry_s
         failures = 0
+        local = False   # woken by changed(): the API server need not be read when our devices did not change
         while not self._stop.is_set():
             self._wake.clear()
             try:
-                self.sync()
+                self.sync(local=local)
             except Exception as exc:   # the API server may be down or slow: keep trying, quietly after the first
                 failures += 1
                 (log.warning if failures == 1 else log.debug)("ResourceSlice %s not published (%s); retrying",
                                                               self.name, exc)
                 self._wake.wait(pause)
                 pause = min(pause * 2, self.max_retry_s)
+                local = False
                 continue
             if failures:
                 log.info("ResourceSlice %s published after %d failed attempt(s)", self.name, failures)
             failures, pause = 0, self.retry_s
-            self._wake.wait(self.resync_s)
+            local = self._wake.wait(self.resync_s)
 
-    def sync(self) -> bool:
-        """Make the API server hold our slice with the current devices; True when it wrote something."""
+    def sync(self, local: bool = False) -> bool:
+        """Make the API server hold our slice with the current devices; True when it wrote something.
+
+        `local`: only our devices may have changed (changed()): when they did not (a MIG partition made
+        on a GPU whose others are still offered), nothing is read or written; the resync checks the API
+        server."""
+        if local and self._written:
+            pool = self._pool()
+            if pool == {name: part for name, (_rv, part) in self._written.items()}:
+                return False
         for _ in range(5):
             try:
                 return self._sync_once()

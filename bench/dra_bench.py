@@ -173,7 +173,7 @@ def partition_latency(rig: Rig, gpus: int, rounds: int) -> tuple[list[float], li
     prepare, unprepare = [], []
     for r in range(rounds):
         claims = [rig.api.put("resourceclaims", testing.claim(f"p{r}-{g}-{s}", NODE, [{
-            "request": "gpu", "driver": DRIVER, "pool": NODE,
+            "request": "gpu", "driver": DRIVER, "pool": partitions.pool_name(NODE, g),
             "device": partitions.partition_name(g, "1g.10gb", s)}], namespace="bench"))
             for g in range(gpus) for s in range(7)]
         made, gone = timed_prepare_unprepare(rig, claims, "prepare of a partition")
@@ -202,7 +202,7 @@ def partition_republish(rig: Rig, toggles: int) -> tuple[list[float], list[float
     made, destroyed = [], []
     for k in range(toggles):
         claim = rig.api.put("resourceclaims", testing.claim(f"t{k}", NODE, [{
-            "request": "gpu", "driver": DRIVER, "pool": NODE,
+            "request": "gpu", "driver": DRIVER, "pool": partitions.pool_name(NODE, 0),
             "device": partitions.partition_name(0, "3g.40gb", 4)}], namespace="bench"))
         rig.kubelet.prepare(claim)
         made.append(wait(False))

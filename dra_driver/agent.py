@@ -111,16 +111,16 @@ class DriverAgent:
             return None
         if backend is None:
             raise StartError("--mig=dynamic makes MIG partitions through NVML, which is not available")
-        return Partitioner(backend, MigRecord(config.state_dir / MIG_RECORD), inventory,
+        return Partitioner(config.node_name, backend, MigRecord(config.state_dir / MIG_RECORD), inventory,
                            busy=lambda uuid: self.driver.claims_on(uuid))
 
-    def _pool(self, versions: slices.DriverVersions) -> list[dict[str, Any]] | slices.Pool:
+    def _pool(self, versions: slices.DriverVersions) -> list[dict[str, Any]] | slices.Pools:
         """The node's slices: its devices (dra_driver.slices), and with --mig=dynamic its partitions."""
         if self.partitioner is None:
             return slices.devices(self.inventory, self.health.healthy, versions)
         view = self.partitioner.view()
         static = slices.devices(self.partitioner.static_inventory(view), self.health.healthy, versions)
-        return self.partitioner.pool(self.config.node_name, static, self.health.healthy, view)
+        return self.partitioner.pool(static, self.health.healthy, view)
 
     def start(self) -> None:
         self.layout.containers.mkdir(parents=True, exist_ok=True)

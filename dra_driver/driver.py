@@ -164,15 +164,16 @@ class Driver:
         made = {}
         with self._lock:
             for r in claim.results:
-                if r.pool == self.node and r.device in self.partitioner.catalog and r.device not in made:
+                part = self.partitioner.partition(r.pool, r.device)
+                if part is not None and r.device not in made:
                     made[r.device] = self.partitioner.make(claim.uid, r.device)
                     # The instance is as healthy as its GPU (XIDs are the GPU's).
-                    self.health.follow(made[r.device].uuid, self.partitioner.catalog[r.device].gpu.uuid)
+                    self.health.follow(made[r.device].uuid, part.gpu.uuid)
         return made
 
     def _prepare(self, claim: Claim, ref: ClaimRef, made: Mapping[str, GPUInfo]) -> Prepared:
-        shares = plan(claim, lambda r: made.get(r.device) if r.pool == self.node and r.device in made
-                      else self._gpu_of(r))
+        shares = plan(claim, lambda r: made[r.device] if r.device in made and self.partitioner is not None
+                      and self.partitioner.partition(r.pool, r.device) is not None else self._gpu_of(r))
         if not shares:
             return Prepared()   # nothing of ours in it (another driver's devices)
         if self.partitioner is not None:
@@ -217,12 +218,9 @@ class Driver:
         return claim
 
     def _gpu_of(self, result: Result) -> GPUInfo | None:
-        if result.pool != self.node:
-            return None
-        gpu = self._by_device.get(result.device)
-        if gpu is None and self.partitioner is not None:   # a partitionable GPU in MIG mode now: see check_whole
-            gpu = self.partitioner.whole_gpu(result.device)
-        return gpu
+        if self.partitioner is not None and result.pool != self.node:   # a GPU's own pool: see check_whole
+            return self.partitioner.whole_gpu(result.pool, result.device)
+        return self._by_device.get(result.device) if result.pool == self.node else None
 
     def claims_on(self, uuid: str) -> str | None:
         """Why GPU `uuid` runs whole-GPU or shared work: a prepared claim on it (None: none).

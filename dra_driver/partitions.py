@@ -1,9 +1,11 @@
 """MIG partitions made on demand (``vcuda dra-driver --mig=dynamic``): partitionable devices.
 
-Every MIG-capable GPU with no work on it (no whole-GPU or shared claim prepared on
-it, no process on it, no MIG instance the driver did not make) is published as
-partitions, in two slices of the node's pool (counter sets and devices may not
-share a slice):
+Every MIG-capable GPU whose profiles the driver knows has a pool of its own,
+``<node>-gpu-<i>`` (a partition made or destroyed rewrites that pool only, not
+every GPU's), holding its whole device ``gpu-<i>`` (while MIG mode is off). When
+the GPU has no work on it (no whole-GPU or shared claim prepared on it, no
+process on it, no MIG instance the driver did not make) the pool also offers its
+partitions, in two slices (counter sets and devices may not share a slice):
 
 - ``<node>-gpu.vcuda.io-gpu-<i>-counters``: the counter set ``gpu-<i>-counters``
   with one counter per memory slice position (``memory-slice-0`` ...), the
@@ -42,7 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dra_driver.claims import ClaimError
-from dra_driver.slices import Pool, device_name, mig_attributes, slice_name
+from dra_driver.slices import Pools, device_name, mig_attributes, slice_name
 from node_state.gpus import Inventory
 from node_state.mig import MigBackend, MigDevice, MigPlacement, MigProfile, MigRecord, MigView
 from py_vcuda.nvml import GPUInfo
@@ -61,6 +63,10 @@ def slug(text: str) -> str:
 
 def partition_name(index: int, profile: str, start: int) -> str:
     return f"gpu-{index}-mig-{slug(profile)}-{start}"
+
+
+def pool_name(node: str, index: int) -> str:
+    return f"{node}-gpu-{index}"
 
 
 def counter_set_name(index: int) -> str:
@@ -101,6 +107,7 @@ def _consumes(index: int, amounts: Mapping[str, int]) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Partition:
+    pool: str
     name: str
     gpu: GPUInfo           # the parent GPU
     profile: MigProfile
@@ -113,8 +120,9 @@ Busy = Callable[[str], str | None]   # GPU uuid -> why whole-GPU or shared work 
 class Partitioner:
     """The partitions of the node's MIG-capable GPUs: what to publish, and making and destroying them."""
 
-    def __init__(self, backend: MigBackend, record: MigRecord, inventory: Inventory, *, busy: Busy,
+    def __init__(self, node: str, backend: MigBackend, record: MigRecord, inventory: Inventory, *, busy: Busy,
                  on_change: Callable[[], None] = lambda: None) -> None:
+        self.node = node
         self.backend = backend
         self.record = record
         self.inventory = inventory
@@ -152,7 +160,7 @@ class Partitioner:
             for p in profiles:
                 for pl in p.placements:
                     name = partition_name(index, p.name, pl.start)
-                    self.catalog[name] = Partition(name, gpu, p, pl)
+                    self.catalog[name] = Partition(pool_name(self.node, index), name, gpu, p, pl)
 
     def recover(self, prepared: Collection[str]) -> None:
         """Destroy what the record holds for claims that are not prepared (made, half made or intended),
@@ -192,41 +200,45 @@ class Partitioner:
             return None   # MIG mode on, nothing on it: partitions only
         return self._work_on(mig.uuid) if not mig.devices else self.busy(mig.uuid)
 
-    def pool(self, node: str, static: list[dict[str, Any]], healthy: Callable[[str], bool],
-             view: MigView) -> Pool:
-        """The node's slices: the static devices (`static`, dra_driver.slices.devices), and for each
-        partitionable GPU its counter set and its partitions (with the whole GPU, while MIG mode is off)."""
-        base = slice_name(node)
-        out: Pool = {}
+    def pool(self, static: list[dict[str, Any]], healthy: Callable[[str], bool], view: MigView) -> Pools:
+        """The node's pools: its own with the static devices (`static`, dra_driver.slices.devices) but the
+        whole devices of the GPUs with profiles, each of which is in a pool of its own with, while it is
+        idle, its counter set and partitions."""
+        base = slice_name(self.node)
         main = list(static)
-        per_gpu: Pool = {}
+        per_gpu: Pools = {}
         for index, profiles in sorted(self.profiles.items()):
-            mig = view.gpus.get(index)
-            if mig is None or not healthy(mig.uuid) or self.partitionable(view, index) is not None:
-                continue
-            totals = counters(profiles)
-            devices = []
             whole = next((d for d in main if d["name"] == device_name(index)), None)
             if whole is not None:
                 main.remove(whole)
-                devices.append({**whole, "consumesCounters": _consumes(index, totals)})
-            gpu = next(g for g in self.inventory.gpus if g.index == index)
-            for p in profiles:
-                for pl in p.placements:
-                    dev = MigDevice(parent_index=index, parent_uuid=gpu.uuid, uuid="", profile=p.name,
-                                    profile_id=p.id, gpu_instance=0, compute_instance=0, placement=pl,
-                                    memory_total=p.memory, multiprocessors=p.multiprocessors, slices=p.slices)
-                    attributes = {"type": {"string": "mig"}, "index": {"int": index},
-                                  "productName": {"string": gpu.name}, "memory": {"int": p.memory},
-                                  **{k: v for k, v in mig_attributes(dev).items() if k != "gpuInstance"}}
-                    devices.append({"name": partition_name(index, p.name, pl.start), "attributes": attributes,
-                                    "consumesCounters": _consumes(index, consumption(p, pl, totals))})
-            per_gpu[f"{base}-gpu-{index}-counters"] = {"sharedCounters": [{
-                "name": counter_set_name(index), "counters": {k: {"value": str(v)} for k, v in totals.items()}}]}
-            per_gpu[f"{base}-gpu-{index}"] = {"devices": devices}
-        out[base] = {"devices": main}
-        out.update(per_gpu)
-        return out
+            mig = view.gpus.get(index)
+            if mig is None or not healthy(mig.uuid):
+                continue
+            slices_: dict[str, dict[str, Any]] = {}
+            if self.partitionable(view, index) is None:
+                totals = counters(profiles)
+                slices_[f"{base}-gpu-{index}-counters"] = {"sharedCounters": [{
+                    "name": counter_set_name(index), "counters": {k: {"value": str(v)} for k, v in totals.items()}}]}
+                devices = [{**whole, "consumesCounters": _consumes(index, totals)}] if whole is not None else []
+                devices += [self._device(mig.uuid, index, p, pl, totals) for p in profiles for pl in p.placements]
+                slices_[f"{base}-gpu-{index}"] = {"devices": devices}
+            elif whole is not None:   # busy: shared or taken whole, not partitioned
+                slices_[f"{base}-gpu-{index}"] = {"devices": [whole]}
+            if slices_:
+                per_gpu[pool_name(self.node, index)] = slices_
+        return {self.node: {base: {"devices": main}}, **per_gpu}
+
+    def _device(self, parent: str, index: int, p: MigProfile, pl: MigPlacement, totals: Mapping[str, int]
+                ) -> dict[str, Any]:
+        gpu = next(g for g in self.inventory.gpus if g.index == index)
+        dev = MigDevice(parent_index=index, parent_uuid=parent, uuid="", profile=p.name, profile_id=p.id,
+                        gpu_instance=0, compute_instance=0, placement=pl, memory_total=p.memory,
+                        multiprocessors=p.multiprocessors, slices=p.slices)
+        attributes = {"type": {"string": "mig"}, "index": {"int": index}, "productName": {"string": gpu.name},
+                      "memory": {"int": p.memory},
+                      **{k: v for k, v in mig_attributes(dev).items() if k != "gpuInstance"}}
+        return {"name": partition_name(index, p.name, pl.start), "attributes": attributes,
+                "consumesCounters": _consumes(index, consumption(p, pl, totals))}
 
     # ---- prepare and unprepare -------------------------------------------------------------------
 
@@ -237,10 +249,14 @@ class Partitioner:
             raise ClaimError(f"GPU {index} is in MIG mode (partitions in use); it is not offered whole: "
                              "the claim was allocated from an older ResourceSlice, reschedule it")
 
-    def whole_gpu(self, name: str) -> GPUInfo | None:
-        """The GPU a partitionable GPU's whole device (`gpu-<i>`) names; None for any other name."""
-        return next((g for g in self.inventory.gpus if g.index in self.profiles and device_name(g.index) == name),
-                    None)
+    def whole_gpu(self, pool: str, name: str) -> GPUInfo | None:
+        """The GPU whose whole device (`gpu-<i>`, in its own pool) this is; None for any other device."""
+        return next((g for g in self.inventory.gpus if g.index in self.profiles and device_name(g.index) == name
+                     and pool_name(self.node, g.index) == pool), None)
+
+    def partition(self, pool: str, name: str) -> Partition | None:
+        part = self.catalog.get(name)
+        return part if part is not None and part.pool == pool else None
 
     def check_whole(self, uuid: str) -> None:
         """ClaimError when the partitionable GPU `uuid` runs partitions (no whole-GPU or shared claim on it)."""
@@ -367,4 +383,4 @@ class Partitioner:
                        memory_total=d.memory_total, minor=parent.minor, numa_node=parent.numa_node)
 
 
-__all__ = ["Partition", "Partitioner", "counters", "consumption", "partition_name", "counter_set_name"]
+__all__ = ["Partition", "Partitioner", "counters", "consumption", "partition_name", "pool_name", "counter_set_name"]

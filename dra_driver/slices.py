@@ -155,11 +155,13 @@ def devices(inventory: Inventory, healthy: Callable[[str], bool], versions: Driv
 
 
 Pool = dict[str, dict[str, Any]]   # slice name -> what its spec holds: {"devices": [...]} or {"sharedCounters": [...]}
+Pools = dict[str, Pool]            # pool name -> its slices
 
 
 def resource_slice(node: str, node_uid: str | None, generation: int, devs: list[dict[str, Any]] | dict[str, Any],
-                   *, name: str | None = None, count: int = 1) -> Slice:
-    """One slice of the node's pool (of `count` slices): `devs` its devices, or what its spec holds."""
+                   *, name: str | None = None, count: int = 1, pool: str | None = None) -> Slice:
+    """One slice of a pool of the node (the node's own by default; of `count` slices): `devs` its devices,
+    or what its spec holds."""
     part = {"devices": devs} if isinstance(devs, list) else devs
     meta: dict[str, Any] = {"name": name or slice_name(node)}
     if node_uid:
@@ -168,7 +170,7 @@ def resource_slice(node: str, node_uid: str | None, generation: int, devs: list[
                                     "controller": True}]
     return {"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": meta,
             "spec": {"driver": DRIVER, "nodeName": node,
-                     "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+                     "pool": {"name": pool or node, "generation": generation, "resourceSliceCount": count},
                      **part}}
 
 
@@ -187,10 +189,11 @@ class Conflict(Exception):
 
 
 class SlicePublisher:
-    """Keeps the node's pool in the API server. `build` gives the devices of its one slice, or (MIG
-    partitions: counter sets and devices go in separate slices) the whole pool by slice name."""
+    """Keeps the node's pools in the API server. `build` gives the devices of the node's pool's one slice,
+    or every pool by name with its slices by name (MIG partitions: a pool per partitionable GPU, its
+    counter set and its devices in separate slices; a change rewrites only the pool it is in)."""
 
-    def __init__(self, api: SliceAPI, node: str, build: Callable[[], list[dict[str, Any]] | Pool], *,
+    def __init__(self, api: SliceAPI, node: str, build: Callable[[], list[dict[str, Any]] | Pools], *,
                  resync_s: float = 60.0, retry_s: float = 0.5, max_retry_s: float = 30.0) -> None:
         self.api = api
         self.node = node
@@ -199,14 +202,19 @@ class SlicePublisher:
         self.resync_s = resync_s
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
-        self.generation = 0            # of the pool, as last written
+        self.generations: dict[str, int] = {}   # pool name -> its generation, as last written or seen
         self.writes = 0                # successful creates and replaces, for tests and logs
         self.published = threading.Event()
         self._node_uid: str | None = None
-        self._written: dict[str, tuple[str, dict[str, Any]]] = {}   # slice name -> (resourceVersion, spec part)
+        self._written: dict[str, tuple[str, str, dict[str, Any]]] = {}   # slice -> (pool, resourceVersion, part)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def generation(self) -> int:
+        """The node's own pool's generation, as last written."""
+        return self.generations.get(self.node, 0)
 
     def changed(self) -> None:
         """The devices may have changed (a GPU's health): publish now, not at the next resync."""
@@ -250,8 +258,8 @@ class SlicePublisher:
         on a GPU whose others are still offered), nothing is read or written; the resync checks the API
         server."""
         if local and self._written:
-            pool = self._pool()
-            if pool == {name: part for name, (_rv, part) in self._written.items()}:
+            pools = self._pools()
+            if self._parts(pools) == {name: (pool, part) for name, (pool, _rv, part) in self._written.items()}:
                 return False
         for _ in range(5):
             try:
@@ -260,45 +268,56 @@ class SlicePublisher:
                 continue   # someone changed it under us: read it again
         raise Conflict(f"ResourceSlice {self.name} kept changing under the driver")
 
-    def _pool(self) -> Pool:
+    def _pools(self) -> Pools:
         built = self.build()
-        return built if isinstance(built, dict) else {self.name: {"devices": built}}
+        return built if isinstance(built, dict) else {self.node: {self.name: {"devices": built}}}
+
+    @staticmethod
+    def _parts(pools: Pools) -> dict[str, tuple[str, dict[str, Any]]]:
+        return {name: (pool, part) for pool, slices_ in pools.items() for name, part in slices_.items()}
 
     def _sync_once(self) -> bool:
-        pool = self._pool()
+        pools = self._pools()
+        wanted = self._parts(pools)
         if self._node_uid is None:
             self._node_uid = self.api.node_uid(self.node)
         ours: dict[str, Slice] = {}
         for s in self.api.list_slices(self.node):
             name = s["metadata"]["name"]
-            if name in pool:
+            pool = s["spec"].get("pool", {}).get("name", self.node)
+            if wanted.get(name, ("",))[0] == pool:
                 ours[name] = s
             else:
                 # A slice of this driver and node we do not publish now (an older driver's, or a GPU's
-                # partitions that went): the pool replaces it.
+                # partitions that went): our pools replace it.
                 log.info("deleting stale ResourceSlice %s", name)
                 self.api.delete_slice(name)
-            self.generation = max(self.generation, int(s["spec"].get("pool", {}).get("generation", 0)))
-        if all(name in ours and self._written.get(name) == (ours[name]["metadata"].get("resourceVersion"), part)
-               for name, part in pool.items()):
-            self.published.set()
-            return False
-        started = time.perf_counter()
-        # Every slice of the pool carries the new generation: the scheduler ignores older ones.
-        written: dict[str, tuple[str, dict[str, Any]]] = {}
-        for name, part in pool.items():
-            body = resource_slice(self.node, self._node_uid, self.generation + 1, part, name=name, count=len(pool))
-            if name not in ours:
-                done = self.api.create_slice(body)
-            else:
-                body["metadata"]["resourceVersion"] = ours[name]["metadata"].get("resourceVersion")
-                done = self.api.replace_slice(body)
-            written[name] = (done["metadata"].get("resourceVersion"), part)
-        self.generation += 1
-        self.writes += 1
-        self._written = written
+            self.generations[pool] = max(self.generations.get(pool, 0),
+                                         int(s["spec"].get("pool", {}).get("generation", 0)))
+        wrote = False
+        for pool, slices_ in pools.items():
+            if all(name in ours and self._written.get(name) == (pool, ours[name]["metadata"].get("resourceVersion"),
+                                                                 part) for name, part in slices_.items()):
+                continue
+            started = time.perf_counter()
+            generation = self.generations.get(pool, 0) + 1   # every slice of the pool: the scheduler ignores older
+            for name, part in slices_.items():
+                body = resource_slice(self.node, self._node_uid, generation, part, name=name, count=len(slices_),
+                                      pool=pool)
+                if name not in ours:
+                    done = self.api.create_slice(body)
+                else:
+                    body["metadata"]["resourceVersion"] = ours[name]["metadata"].get("resourceVersion")
+                    done = self.api.replace_slice(body)
+                self._written[name] = (pool, done["metadata"].get("resourceVersion"), part)
+            self.generations[pool] = generation
+            wrote = True
+            log.info("published pool %s (%s): %d device(s), generation %d (%.1f ms)", pool, ", ".join(slices_),
+                     sum(len(p.get("devices") or ()) for p in slices_.values()), generation,
+                     (time.perf_counter() - started) * 1000)
+        for name in set(self._written) - set(wanted):
+            del self._written[name]
+        if wrote:
+            self.writes += 1
         self.published.set()
-        log.info("published ResourceSlice(s) %s: %d device(s), generation %d (%.1f ms)", ", ".join(pool),
-                 sum(len(p.get("devices") or ()) for p in pool.values()), self.generation,
-                 (time.perf_counter() - started) * 1000)
-        return True
+        return wrote

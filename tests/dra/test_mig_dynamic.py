@@ -85,8 +85,10 @@ def dynamic(agent_factory: Any, mig: FakeMig) -> Any:
 
 
 def partition_claim(api: Any, name: str, device: str) -> dict[str, Any]:
+    """A claim allocated a partition (or a whole GPU) from the pool of its GPU (`gpu-<i>-...`)."""
+    index = int(device.split("-")[1])
     return api.put("resourceclaims", t.claim(name, NODE, [
-        {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]))
+        {"request": "gpu", "driver": DRIVER, "pool": partitions.pool_name(NODE, index), "device": device}]))
 
 
 def spec_env(agent: Any, claim: dict[str, Any]) -> dict[str, str]:
@@ -109,9 +111,11 @@ def test_idle_gpus_are_published_as_partitions_in_slices_that_fit_the_schema(age
     pool = stored(api)
     assert set(pool) == {BASE, f"{BASE}-gpu-0-counters", f"{BASE}-gpu-0", f"{BASE}-gpu-1-counters",
                          f"{BASE}-gpu-1"}
-    for s in pool.values():
+    for name, s in pool.items():
         assert schema_problem(s) is None, schema_problem(s)
-        assert s["spec"]["pool"]["resourceSliceCount"] == 5
+        # The node's pool, and one per MIG-capable GPU: a partition made rewrites its GPU's pool only.
+        assert (s["spec"]["pool"]["name"], s["spec"]["pool"]["resourceSliceCount"]) == (
+            (NODE, 1) if name == BASE else (partitions.pool_name(NODE, int(name.split("-gpu-")[1][0])), 2))
         assert not (s["spec"].get("devices") and s["spec"].get("sharedCounters"))   # never both in one slice
     assert [d["name"] for d in pool[BASE]["spec"]["devices"]] == ["gpu-2"]          # not MIG-capable
     gpu0 = {d["name"]: d for d in pool[f"{BASE}-gpu-0"]["spec"]["devices"]}
@@ -151,10 +155,12 @@ def test_a_busy_gpu_is_never_repartitioned(agent_factory, kubelet, api):
     mig = FakeMig(("off", "off", ""))
     dynamic(agent_factory, mig)
     wait_for(lambda: f"{BASE}-gpu-1" in stored(api), 10, "the partitions' slices")
-    share = api.put("resourceclaims", t.claim("share", NODE, [t.share(NODE, 1, 30, 4 * GiB)]))
+    share = api.put("resourceclaims", t.claim("share", NODE, [
+        {**t.share(NODE, 1, 30, 4 * GiB), "pool": partitions.pool_name(NODE, 1)}]))
     assert error(kubelet.prepare(share), share) == ""
-    wait_for(lambda: f"{BASE}-gpu-1" not in stored(api), 10, "gpu-1's partitions leaving")
-    assert "gpu-1" in devices(api)                                    # still shared
+    wait_for(lambda: f"{BASE}-gpu-1-counters" not in stored(api), 10, "gpu-1's partitions leaving")
+    assert [d["name"] for d in stored(api)[f"{BASE}-gpu-1"]["spec"]["devices"]] == ["gpu-1"]   # still shared
+    assert "consumesCounters" not in devices(api)["gpu-1"]
     late = partition_claim(api, "late", partitions.partition_name(1, "3g.40gb", 4))
     assert "claim default/share runs on it" in error(kubelet.prepare(late), late)
     assert not mig.modes[1] and mig.instances[1] == []
@@ -167,7 +173,7 @@ def test_a_busy_gpu_is_never_repartitioned(agent_factory, kubelet, api):
     del mig.processes_on[mig.gpus_[0].uuid]
     ok = partition_claim(api, "ok", P6)
     assert error(kubelet.prepare(ok), ok) == ""
-    whole = api.put("resourceclaims", t.claim("whole", NODE, [t.whole(NODE, 0)]))
+    whole = partition_claim(api, "whole", "gpu-0")
     assert "MIG mode" in error(kubelet.prepare(whole), whole)
 
 

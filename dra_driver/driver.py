@@ -40,7 +40,6 @@ from dra_driver.checkpoint import (
     PREPARED,
     UNPREPARING,
     Checkpoint,
-    CheckpointError,
     PreparedClaim,
     PreparedDevice,
     PreparedShare,
@@ -108,6 +107,9 @@ class Driver:
         self._lock = threading.RLock()   # one claim at a time changes node state
         self.partitioner = partitioner   # --mig=dynamic: MIG partitions made at prepare
         self.on_change = on_change       # what is offered may have changed (dynamic MIG): republish
+        # Prepared claims' GPUs (claim UID -> its ref and GPU UUIDs), kept with the checkpoint: what
+        # claims_on answers the slice publisher's thread without reading every checkpoint file.
+        self._uses = {c.uid: _uses(c) for c in checkpoint.all()}
 
     # ---- the kubelet's calls ---------------------------------------------------------------------
 
@@ -225,15 +227,10 @@ class Driver:
     def claims_on(self, uuid: str) -> str | None:
         """Why GPU `uuid` runs whole-GPU or shared work: a prepared claim on it (None: none).
 
-        Called from the slice publisher's thread too: reads checkpoints one by one (Checkpoint.all, for
-        the start only, removes the temporary files of writes in progress)."""
-        for uid in sorted(self.checkpoint.uids()):
-            try:
-                done = self.checkpoint.get(uid)
-            except (OSError, CheckpointError):
-                continue
-            if done is not None and any(uuid in s.record.gpus for s in done.shares):
-                return f"claim {done.ref} runs on it"
+        Called from the slice publisher's thread too."""
+        for ref, gpus in list(self._uses.values()):
+            if uuid in gpus:
+                return f"claim {ref} runs on it"
         return None
 
     def _consumers(self, claim: Claim) -> tuple[tuple[str, str], dict[str, list[str]]]:
@@ -271,10 +268,12 @@ class Driver:
             done = PreparedClaim(uid=claim.uid, namespace=claim.namespace, name=claim.name, state=PREPARED,
                                  shares=tuple(prepared_shares), devices=_devices(shares, prepared_shares))
             self.checkpoint.put(done)          # before the CDI spec: see dra_driver.checkpoint
+            self._uses[done.uid] = _uses(done)
             self._write_spec(done)
         except BaseException:
             self.specs.remove(claim.uid)
             self.checkpoint.remove(claim.uid)
+            self._uses.pop(claim.uid, None)
             for record in reversed(made):
                 self._remove_container(record)
             raise
@@ -362,6 +361,7 @@ class Driver:
         if self.partitioner is not None:
             self.partitioner.release(done.uid)   # before the checkpoint goes: a crash here is finished at start
         self.checkpoint.remove(done.uid)
+        self._uses.pop(done.uid, None)
 
     def _remove_container(self, record: ContainerRecord) -> None:
         with self.store.lock:
@@ -398,8 +398,10 @@ class Driver:
             for uid in self.specs.claims() - known:
                 log.info("removing the CDI spec of claim %s, which is not prepared", uid)
                 self.specs.remove(uid)
+            prepared = self.checkpoint.all()
+            self._uses = {c.uid: _uses(c) for c in prepared}
             if self.partitioner is not None:
-                self.partitioner.recover({c.uid for c in self.checkpoint.all() if c.state == PREPARED})
+                self.partitioner.recover({c.uid for c in prepared if c.state == PREPARED})
 
     def prepared(self) -> list[PreparedClaim]:
         return self.checkpoint.all()
@@ -407,6 +409,10 @@ class Driver:
 
 class ApiUnavailable(RuntimeError):
     """The claim could not be read; the kubelet will ask again."""
+
+
+def _uses(done: PreparedClaim) -> tuple[str, frozenset[str]]:
+    return done.ref, frozenset(g for s in done.shares for g in s.record.gpus)
 
 
 def _message(what: str, ref: ClaimRef, exc: Exception) -> str:

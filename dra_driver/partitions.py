@@ -181,19 +181,26 @@ class Partitioner:
         return MigView.read(self.backend, [g.index for g in self.inventory.gpus])
 
     def static_inventory(self, view: MigView) -> Inventory:
-        """The inventory without the instances the driver made (those are partitions, not static devices)."""
-        gpus = {i: replace(g, devices=tuple(d for d in g.devices if d.uuid not in self.record.owned(g.uuid)))
+        """The inventory without the instances the driver made (those are partitions, not static devices),
+        nor one it is making (intended: at its placement)."""
+        gpus = {i: replace(g, devices=tuple(d for d in g.devices if not self._ours(g.uuid, d)))
                 for i, g in view.gpus.items()}
         inv = self.inventory
         return Inventory(inv.gpus, inv.nvlink, inv.links, MigView(gpus))
+
+    def _ours(self, parent: str, d: MigDevice) -> bool:
+        for e in list(self.record.created.get(parent, [])):
+            if e.get("uuid") == d.uuid or (e.get("state") == INTENT and e.get("profile_id") == d.profile_id
+                                           and e.get("start") == d.placement.start):
+                return True
+        return False
 
     def partitionable(self, view: MigView, index: int) -> str | None:
         """Why GPU `index` is not offered as partitions now (None: it is)."""
         mig = view.gpus.get(index)
         if index not in self.profiles or mig is None:
             return "not MIG-capable, or its profiles are unknown"
-        owned = self.record.owned(mig.uuid)
-        foreign = [d.uuid for d in mig.devices if d.uuid not in owned]
+        foreign = [d.uuid for d in mig.devices if not self._ours(mig.uuid, d)]
         if foreign:
             return f"it holds MIG instances the driver did not make ({', '.join(foreign)})"
         if mig.enabled and not mig.devices and mig.uuid not in self.record.enabled:

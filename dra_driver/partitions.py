@@ -170,7 +170,11 @@ class Partitioner:
                 if entry.get("claim") not in prepared:
                     log.info("claim %s is not prepared: removing its MIG partition %s (%s)", entry.get("claim"),
                              entry.get("device"), entry.get("state"))
-                    self._remove(parent, entry)
+                    try:
+                        self._remove(parent, entry)
+                    except Exception:   # in use: stays recorded (so never offered), tried again at the next start
+                        log.exception("MIG partition %s of claim %s not removed", entry.get("device"),
+                                      entry.get("claim"))
         for parent in list(self.record.enabled):
             self._mode_off_if_empty(parent)
         self.on_change()

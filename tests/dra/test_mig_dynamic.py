@@ -302,3 +302,20 @@ def test_a_partition_is_made_on_the_simulator_and_cuda_sees_exactly_it(agent_fac
         assert [int(d["rc"]) for d in parse(proc.stdout) if d["cmd"] == "alloc"] == [0], proc.stdout + proc.stderr
         assert error(kubelet.unprepare(claim), claim) == ""
         assert state().instances == () and not state().enabled
+
+
+def test_recovery_leaves_a_partition_in_use_recorded_and_starts(agent_factory, kubelet, api, short_dir):
+    """A left-behind partition a process still runs on cannot be destroyed: the driver starts all the same,
+    and keeps it recorded (so it is never taken for an operator's instance)."""
+    mig = FakeMig(("off", "off", ""))
+    agent = dynamic(agent_factory, mig)
+    claim = partition_claim(api, "p", P6)
+    assert error(kubelet.prepare(claim), claim) == ""
+    agent.stop()
+    agent.driver.checkpoint.remove(claim["metadata"]["uid"])
+    (dev,) = mig.instances[0]
+    mig.processes_on[dev.uuid] = [777]
+    dynamic(agent_factory, mig)
+    kubelet.wait_registered()
+    assert mig.instances[0] == [dev] and record_at(short_dir).owned(mig.gpus_[0].uuid) == {dev.uuid}
+    wait_for(lambda: f"mig-0-{dev.gpu_instance}" not in devices(api) and P6 in devices(api), 10, "the pool")

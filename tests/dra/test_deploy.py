@@ -139,6 +139,11 @@ def test_example_templates_ask_for_what_their_comments_say() -> None:
     assert request["exactly"]["deviceClassName"] == "gpu.vcuda.io" and "capacity" not in request["exactly"]
     (w,) = plan(parse_claim(allocated(whole, "100", str(80 * GiB))), lambda r: card)
     assert (w.core_request, w.memory_limit, w.fractional) == (100, None, False)
+    mig = only("ResourceClaimTemplate", DEPLOY / "examples" / "mig-1g-10gb.yaml")
+    (request,) = mig["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "mig.vcuda.io" and "capacity" not in request["exactly"]
+    (selector,) = request["exactly"]["selectors"]
+    assert selector["cel"]["expression"] == f'device.attributes["{names.DRIVER}"].profile == "1g.10gb"'
     for f in (DEPLOY / "examples").glob("*.yaml"):
         if f.name == "kustomization.yaml":
             continue

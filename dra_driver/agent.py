@@ -119,7 +119,10 @@ class DriverAgent:
         if self.partitioner is None:
             return slices.devices(self.inventory, self.health.healthy, versions)
         view = self.partitioner.view()
-        static = slices.devices(self.partitioner.static_inventory(view), self.health.healthy, versions)
+        # MIG instances an operator makes after the start are not offered (the driver's devices and token
+        # schedulers are set at start): a restart takes them in.
+        static = [d for d in slices.devices(self.partitioner.static_inventory(view), self.health.healthy, versions)
+                  if d["attributes"]["type"] != {"string": "mig"} or self.driver.offers(d["name"])]
         return self.partitioner.pool(static, self.health.healthy, view)
 
     def start(self) -> None:

@@ -224,6 +224,10 @@ class Driver:
             return self.partitioner.whole_gpu(result.pool, result.device)
         return self._by_device.get(result.device) if result.pool == self.node else None
 
+    def offers(self, device: str) -> bool:
+        """Whether a device of the node's own pool is one this driver prepares claims on."""
+        return device in self._by_device
+
     def claims_on(self, uuid: str) -> str | None:
         """Why GPU `uuid` runs whole-GPU or shared work: a prepared claim on it (None: none).
 

@@ -319,3 +319,16 @@ def test_recovery_leaves_a_partition_in_use_recorded_and_starts(agent_factory, k
     kubelet.wait_registered()
     assert mig.instances[0] == [dev] and record_at(short_dir).owned(mig.gpus_[0].uuid) == {dev.uuid}
     wait_for(lambda: f"mig-0-{dev.gpu_instance}" not in devices(api) and P6 in devices(api), 10, "the pool")
+
+
+def test_an_instance_made_by_an_operator_after_the_start_is_not_offered(agent_factory, api):
+    """The driver's devices are set at start: an operator's later instance is neither offered nor taken as
+    the driver's; the GPU it is on is no longer partitioned."""
+    mig = FakeMig(("off", "off", ""))
+    agent = dynamic(agent_factory, mig)
+    wait_for(lambda: f"{BASE}-gpu-1-counters" in stored(api), 10, "gpu-1's partitions")
+    mig.modes[1] = True
+    dev = mig.create_mig_device(1, 19, MigPlacement(0, 1))
+    agent.publisher.changed()
+    wait_for(lambda: f"{BASE}-gpu-1-counters" not in stored(api), 10, "gpu-1's partitions leaving")
+    assert f"mig-1-{dev.gpu_instance}" not in devices(api) and mig.instances[1] == [dev]

@@ -20,6 +20,7 @@ Environment variables (all optional):
 ``VCUDA_DRA_ON_OVER_LIMIT``        report or kill a container over its memory limit (report)
 ``VCUDA_DRA_LOG_LEVEL``            debug, info, warning, error
 ``VCUDA_DRA_ALLOW_OPT_OUT_NAMESPACES`` namespaces whose claims may opt a GPU share out of libvcuda ("")
+``VCUDA_DRA_MIG``                  static (MIG instances that exist) or dynamic (also partitions made at prepare)
 =================================  ===========================================
 """
 
@@ -48,6 +49,14 @@ from node_state.options import (
 )
 
 ENV_PREFIX = "VCUDA_DRA_"
+STATIC, DYNAMIC = "static", "dynamic"
+
+
+def mig_mode(text: str) -> str:
+    if text not in (STATIC, DYNAMIC):
+        raise ValueError(f"must be {STATIC} or {DYNAMIC}")
+    return text
+
 
 OPTIONS: tuple[Option, ...] = (
     Option("plugin_dir", DEFAULT_PLUGIN_DIR, Path, "kubelet plugins directory (the DRA service socket goes "
@@ -69,6 +78,8 @@ OPTIONS: tuple[Option, ...] = (
     *GUARD_OPTIONS,
     Option("log_level", "info", log_level, "debug, info, warning or error"),
     ALLOW_OPT_OUT_NAMESPACES,
+    Option("mig", STATIC, mig_mode, "static: offer the MIG instances that exist; dynamic: also offer every idle "
+           "MIG-capable GPU as partitions (partitionable devices), made at prepare and destroyed at unprepare"),
 )
 TABLE = OptionTable(OPTIONS, ENV_PREFIX, {"node_name": "NODE_NAME"})
 
@@ -91,6 +102,7 @@ class DriverConfig:
     on_escape: str = KILL
     on_over_limit: str = REPORT
     allow_opt_out_namespaces: frozenset[str] = frozenset()
+    mig: str = STATIC
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -30,16 +30,24 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from dra_driver import cdi
-from dra_driver.checkpoint import PREPARED, UNPREPARING, Checkpoint, PreparedClaim, PreparedDevice, PreparedShare
+from dra_driver.checkpoint import (
+    PREPARED,
+    UNPREPARING,
+    Checkpoint,
+    PreparedClaim,
+    PreparedDevice,
+    PreparedShare,
+)
 from dra_driver.claims import Claim, ClaimError, Result, Share, parse_claim, plan
 from dra_driver.names import CONFIG_KIND, DRIVER
-from dra_driver.slices import device_name
+from dra_driver.partitions import Partitioner
+from dra_driver.slices import offers
 from node_state import tenancy
 from node_state.containers import ContainerStore, new_key
 from node_state.gpus import Health, Inventory
@@ -82,7 +90,8 @@ class Prepared:
 class Driver:
     def __init__(self, *, node: str, inventory: Inventory, health: Health, store: ContainerStore,
                  schedulers: Mapping[str, TokenScheduler], host_lib: Path, specs: cdi.SpecDir,
-                 checkpoint: Checkpoint, api: ClaimSource, opt_out_namespaces: Collection[str] = frozenset()) -> None:
+                 checkpoint: Checkpoint, api: ClaimSource, opt_out_namespaces: Collection[str] = frozenset(),
+                 partitioner: Partitioner | None = None, on_change: Callable[[], None] = lambda: None) -> None:
         self.node = node
         self.inventory = inventory
         self.health = health
@@ -93,8 +102,14 @@ class Driver:
         self.checkpoint = checkpoint
         self.api = api
         self.opt_out_namespaces = opt_out_namespaces   # whose shares may go without /etc/ld.so.preload
-        self._by_device = {device_name(g.index): g for g in inventory.gpus}
+        # Device name -> what a claim on it runs on (a MIG instance as a GPU of its own).
+        self._by_device = {o.name: o.gpu for o in offers(inventory)}
         self._lock = threading.RLock()   # one claim at a time changes node state
+        self.partitioner = partitioner   # --mig=dynamic: MIG partitions made at prepare
+        self.on_change = on_change       # what is offered may have changed (dynamic MIG): republish
+        # Prepared claims' GPUs (claim UID -> its ref and GPU UUIDs), kept with the checkpoint: what
+        # claims_on answers the slice publisher's thread without reading every checkpoint file.
+        self._uses = {c.uid: _uses(c) for c in checkpoint.all()}
 
     # ---- the kubelet's calls ---------------------------------------------------------------------
 
@@ -105,6 +120,8 @@ class Driver:
                 out[c.uid] = self.prepare_claim(c)
             except Exception as exc:
                 out[c.uid] = Prepared(error=_message("prepare", c, exc))
+        if self.partitioner is not None:
+            self.on_change()   # a GPU with work on it is not partitioned, one with partitions not offered whole
         return out
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
@@ -116,6 +133,8 @@ class Driver:
                 out[c.uid] = ""
             except Exception as exc:
                 out[c.uid] = _message("unprepare", c, exc)
+        if self.partitioner is not None:
+            self.on_change()
         return out
 
     # ---- prepare ---------------------------------------------------------------------------------
@@ -129,9 +148,40 @@ class Driver:
             if done is not None:
                 self._take_down(done)   # an unprepare that did not finish: finish it, then start afresh
         claim = self._read(ref)
-        shares = plan(claim, self._gpu_of)
+        made = self._make_partitions(claim)
+        try:
+            return self._prepare(claim, ref, made)
+        except BaseException:
+            if made and self.partitioner is not None:
+                with self._lock:
+                    done = self.checkpoint.get(ref.uid)
+                    if done is None or done.state != PREPARED:
+                        self.partitioner.release(claim.uid)
+            raise
+
+    def _make_partitions(self, claim: Claim) -> dict[str, GPUInfo]:
+        """The claim's MIG partitions (--mig=dynamic), made now: device name -> the instance as a GPU."""
+        if self.partitioner is None:
+            return {}
+        made = {}
+        with self._lock:
+            for r in claim.results:
+                part = self.partitioner.partition(r.pool, r.device)
+                if part is not None and r.device not in made:
+                    made[r.device] = self.partitioner.make(claim.uid, r.device)
+                    # The instance is as healthy as its GPU (XIDs are the GPU's).
+                    self.health.follow(made[r.device].uuid, part.gpu.uuid)
+        return made
+
+    def _prepare(self, claim: Claim, ref: ClaimRef, made: Mapping[str, GPUInfo]) -> Prepared:
+        shares = plan(claim, lambda r: made[r.device] if r.device in made and self.partitioner is not None
+                      and self.partitioner.partition(r.pool, r.device) is not None else self._gpu_of(r))
         if not shares:
             return Prepared()   # nothing of ours in it (another driver's devices)
+        if self.partitioner is not None:
+            for share in shares:
+                for uuid in share.gpus:
+                    self.partitioner.check_whole(uuid)
         self._check_opt_out(claim, shares)
         for share in shares:
             for uuid in share.gpus:
@@ -170,7 +220,22 @@ class Driver:
         return claim
 
     def _gpu_of(self, result: Result) -> GPUInfo | None:
+        if self.partitioner is not None and result.pool != self.node:   # a GPU's own pool: see check_whole
+            return self.partitioner.whole_gpu(result.pool, result.device)
         return self._by_device.get(result.device) if result.pool == self.node else None
+
+    def offers(self, device: str) -> bool:
+        """Whether a device of the node's own pool is one this driver prepares claims on."""
+        return device in self._by_device
+
+    def claims_on(self, uuid: str) -> str | None:
+        """Why GPU `uuid` runs whole-GPU or shared work: a prepared claim on it (None: none).
+
+        Called from the slice publisher's thread too."""
+        for ref, gpus in list(self._uses.values()):
+            if uuid in gpus:
+                return f"claim {ref} runs on it"
+        return None
 
     def _consumers(self, claim: Claim) -> tuple[tuple[str, str], dict[str, list[str]]]:
         """(pod name, uid) the claim is reserved for, and per request the pod's containers that use it.
@@ -207,10 +272,12 @@ class Driver:
             done = PreparedClaim(uid=claim.uid, namespace=claim.namespace, name=claim.name, state=PREPARED,
                                  shares=tuple(prepared_shares), devices=_devices(shares, prepared_shares))
             self.checkpoint.put(done)          # before the CDI spec: see dra_driver.checkpoint
+            self._uses[done.uid] = _uses(done)
             self._write_spec(done)
         except BaseException:
             self.specs.remove(claim.uid)
             self.checkpoint.remove(claim.uid)
+            self._uses.pop(claim.uid, None)
             for record in reversed(made):
                 self._remove_container(record)
             raise
@@ -282,6 +349,8 @@ class Driver:
             done = self.checkpoint.get(ref.uid)
             if done is None:
                 self._remove_orphans(ref.uid)   # a prepare that crashed before its checkpoint
+                if self.partitioner is not None:
+                    self.partitioner.release(ref.uid)
                 return
             self._take_down(done)
             log.info("unprepared claim %s (%s)", done.ref, done.uid)
@@ -293,7 +362,10 @@ class Driver:
         for s in done.shares:
             self._remove_container(s.record)
         self._remove_orphans(done.uid)
+        if self.partitioner is not None:
+            self.partitioner.release(done.uid)   # before the checkpoint goes: a crash here is finished at start
         self.checkpoint.remove(done.uid)
+        self._uses.pop(done.uid, None)
 
     def _remove_container(self, record: ContainerRecord) -> None:
         with self.store.lock:
@@ -330,6 +402,10 @@ class Driver:
             for uid in self.specs.claims() - known:
                 log.info("removing the CDI spec of claim %s, which is not prepared", uid)
                 self.specs.remove(uid)
+            prepared = self.checkpoint.all()
+            self._uses = {c.uid: _uses(c) for c in prepared}
+            if self.partitioner is not None:
+                self.partitioner.recover({c.uid for c in prepared if c.state == PREPARED})
 
     def prepared(self) -> list[PreparedClaim]:
         return self.checkpoint.all()
@@ -337,6 +413,10 @@ class Driver:
 
 class ApiUnavailable(RuntimeError):
     """The claim could not be read; the kubelet will ask again."""
+
+
+def _uses(done: PreparedClaim) -> tuple[str, frozenset[str]]:
+    return done.ref, frozenset(g for s in done.shares for g in s.record.gpus)
 
 
 def _message(what: str, ref: ClaimRef, exc: Exception) -> str:

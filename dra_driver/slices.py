@@ -1,17 +1,22 @@
 """This node's GPUs as a ResourceSlice (resource.k8s.io/v1), kept current in the API server.
 
 One pool per node (named after the node), one slice holding it, one device per
-healthy GPU (``gpu-<index>``). Each device can be shared by several claims
-(``allowMultipleAllocations``), each consuming part of its capacity:
+healthy GPU not in MIG mode (``gpu-<index>``) and one per MIG instance
+(``mig-<parent index>-<GPU instance id>``; a GPU in MIG mode is never offered
+whole: it runs work only on its instances). Each device can be shared by several
+claims (``allowMultipleAllocations``), each consuming part of its capacity:
 
-    cores    100 per GPU, requests in steps of 1 (1..100), default 100
-    memory   the GPU's bytes, requests in steps of 256 MiB, default all of it
+    cores    100 per GPU or instance, requests in steps of 1 (1..100), default 100
+    memory   the GPU's (instance's) bytes, requests in steps of 256 MiB, default all of it
 
-A request that names neither consumes the defaults: the whole GPU. Attributes
+A request that names neither consumes the defaults: the whole GPU (instance). Attributes
 (qualified with the driver's domain in CEL: ``device.attributes["gpu.vcuda.io"].uuid``):
-uuid, index, productName, memory (bytes), driverVersion and cudaDriverVersion
-(semver), numaNode (when known), nvlinkPeers (indexes of the NVLink-connected
-GPUs, comma separated, sorted).
+type (``gpu`` or ``mig``), uuid, index, productName, memory (bytes), driverVersion and
+cudaDriverVersion (semver), numaNode (when known), nvlinkPeers (indexes of the
+NVLink-connected GPUs, comma separated, sorted). A MIG instance's uuid is its
+``MIG-<uuid>`` and its index its parent's; it adds parentUUID, profile (``1g.10gb``),
+multiprocessors, slices (compute slices), gpuInstance, placementStart and placementSize
+(memory slices).
 
 `SlicePublisher` writes the slice when it starts, whenever a GPU's health
 changes (an unhealthy GPU leaves the slice, so no new claim lands on it; it
@@ -35,6 +40,8 @@ from dra_driver.claims import whole_memory
 from dra_driver.names import CORES, DRIVER, MEMORY
 from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES
 from node_state.gpus import Inventory
+from node_state.mig import MigDevice
+from py_vcuda.nvml import GPUInfo
 
 log = logging.getLogger(__name__)
 
@@ -63,61 +70,108 @@ def device_name(index: int) -> str:
     return f"gpu-{index}"
 
 
+def mig_device_name(d: MigDevice) -> str:
+    return f"mig-{d.parent_index}-{d.gpu_instance}"
+
+
 def slice_name(node: str) -> str:
     return f"{node}-{DRIVER}"
 
 
+@dataclass(frozen=True)
+class Offer:
+    """A device of the slice and what a claim on it runs on: a GPU, or a MIG instance as a GPU of
+    its own (node_state.gpus.Inventory.shareable: its MIG-<uuid> and its memory)."""
+
+    name: str
+    gpu: GPUInfo
+    mig: MigDevice | None = None
+    parent: GPUInfo | None = None    # a MIG instance's GPU
+
+
+def offers(inventory: Inventory) -> list[Offer]:
+    """The node's devices: its GPUs not in MIG mode (index order), then every MIG instance."""
+    whole = sorted(inventory.whole().gpus, key=lambda g: g.index)
+    out = [Offer(device_name(g.index), g) for g in whole]
+    instances = inventory.shareable().gpus[len(whole):]
+    for d, g in zip(inventory.mig_devices(), instances, strict=True):
+        out.append(Offer(mig_device_name(d), g, d, inventory.by_uuid(d.parent_uuid)))
+    return out
+
+
+def capacity(memory_total: int) -> dict[str, Any]:
+    """Consumable capacity of a GPU or MIG instance with this much memory."""
+    memory = whole_memory(memory_total)
+    return {
+        CORES: {"value": str(CORES_PER_GPU), "requestPolicy": {
+            "default": str(CORES_PER_GPU),
+            "validRange": {"min": "1", "max": str(CORES_PER_GPU), "step": "1"}}},
+        MEMORY: {"value": str(memory_total), "requestPolicy": {
+            "default": str(memory),
+            "validRange": {"min": str(MEMORY_UNIT_BYTES), "max": str(memory),
+                           "step": str(MEMORY_UNIT_BYTES)}}},
+    }
+
+
+def mig_attributes(d: MigDevice) -> dict[str, Any]:
+    return {"type": {"string": "mig"}, "parentUUID": {"string": d.parent_uuid}, "profile": {"string": d.profile},
+            "multiprocessors": {"int": d.multiprocessors}, "slices": {"int": d.slices},
+            "gpuInstance": {"int": d.gpu_instance}, "placementStart": {"int": d.placement.start},
+            "placementSize": {"int": d.placement.size}}
+
+
 def devices(inventory: Inventory, healthy: Callable[[str], bool], versions: DriverVersions) -> list[dict[str, Any]]:
-    """The slice's devices: one per healthy GPU, in index order."""
+    """The slice's devices: one per healthy GPU not in MIG mode, in index order, then one per MIG instance."""
     common: dict[str, Any] = {}
     if versions.driver and (v := semver(versions.driver)):
         common["driverVersion"] = {"version": v}
     if versions.cuda:
         common["cudaDriverVersion"] = {"version": f"{versions.cuda[0]}.{versions.cuda[1]}.0"}
     out = []
-    for g in sorted(inventory.gpus, key=lambda g: g.index):
+    for offer in offers(inventory):
+        g = offer.gpu
         if not healthy(g.uuid):
             continue
+        host = offer.parent or g
         attributes: dict[str, Any] = {
+            "type": {"string": "gpu"},
             "uuid": {"string": g.uuid},
-            "index": {"int": g.index},
-            "productName": {"string": g.name},
+            "index": {"int": host.index},
+            "productName": {"string": host.name},
             "memory": {"int": g.memory_total},
             **common,
         }
         if g.numa_node is not None:
             attributes["numaNode"] = {"int": g.numa_node}
-        peers = sorted(inventory.nvlink.get(g.index, ()))
-        if peers:
-            attributes["nvlinkPeers"] = {"string": ",".join(map(str, peers))}
-        memory = whole_memory(g.memory_total)
-        out.append({
-            "name": device_name(g.index),
-            "attributes": attributes,
-            "capacity": {
-                CORES: {"value": str(CORES_PER_GPU), "requestPolicy": {
-                    "default": str(CORES_PER_GPU),
-                    "validRange": {"min": "1", "max": str(CORES_PER_GPU), "step": "1"}}},
-                MEMORY: {"value": str(g.memory_total), "requestPolicy": {
-                    "default": str(memory),
-                    "validRange": {"min": str(MEMORY_UNIT_BYTES), "max": str(memory),
-                                   "step": str(MEMORY_UNIT_BYTES)}}},
-            },
-            "allowMultipleAllocations": True,
-        })
+        if offer.mig is not None:
+            attributes.update(mig_attributes(offer.mig))
+        else:
+            peers = sorted(inventory.nvlink.get(g.index, ()))
+            if peers:
+                attributes["nvlinkPeers"] = {"string": ",".join(map(str, peers))}
+        out.append({"name": offer.name, "attributes": attributes, "capacity": capacity(g.memory_total),
+                    "allowMultipleAllocations": True})
     return out
 
 
-def resource_slice(node: str, node_uid: str | None, generation: int, devs: list[dict[str, Any]]) -> Slice:
-    meta: dict[str, Any] = {"name": slice_name(node)}
+Pool = dict[str, dict[str, Any]]   # slice name -> what its spec holds: {"devices": [...]} or {"sharedCounters": [...]}
+Pools = dict[str, Pool]            # pool name -> its slices
+
+
+def resource_slice(node: str, node_uid: str | None, generation: int, devs: list[dict[str, Any]] | dict[str, Any],
+                   *, name: str | None = None, count: int = 1, pool: str | None = None) -> Slice:
+    """One slice of a pool of the node (the node's own by default; of `count` slices): `devs` its devices,
+    or what its spec holds."""
+    part = {"devices": devs} if isinstance(devs, list) else devs
+    meta: dict[str, Any] = {"name": name or slice_name(node)}
     if node_uid:
         # Owned by the Node: the garbage collector removes the slice with it.
         meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid,
                                     "controller": True}]
     return {"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": meta,
             "spec": {"driver": DRIVER, "nodeName": node,
-                     "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-                     "devices": devs}}
+                     "pool": {"name": pool or node, "generation": generation, "resourceSliceCount": count},
+                     **part}}
 
 
 class SliceAPI(Protocol):
@@ -135,7 +189,11 @@ class Conflict(Exception):
 
 
 class SlicePublisher:
-    def __init__(self, api: SliceAPI, node: str, build: Callable[[], list[dict[str, Any]]], *,
+    """Keeps the node's pools in the API server. `build` gives the devices of the node's pool's one slice,
+    or every pool by name with its slices by name (MIG partitions: a pool per partitionable GPU, its
+    counter set and its devices in separate slices; a change rewrites only the pool it is in)."""
+
+    def __init__(self, api: SliceAPI, node: str, build: Callable[[], list[dict[str, Any]] | Pools], *,
                  resync_s: float = 60.0, retry_s: float = 0.5, max_retry_s: float = 30.0) -> None:
         self.api = api
         self.node = node
@@ -144,14 +202,19 @@ class SlicePublisher:
         self.resync_s = resync_s
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
-        self.generation = 0            # of the pool, as last written
+        self.generations: dict[str, int] = {}   # pool name -> its generation, as last written or seen
         self.writes = 0                # successful creates and replaces, for tests and logs
         self.published = threading.Event()
         self._node_uid: str | None = None
-        self._written: tuple[str, list[dict[str, Any]]] | None = None   # (resourceVersion, devices) we wrote
+        self._written: dict[str, tuple[str, str, dict[str, Any]]] = {}   # slice -> (pool, resourceVersion, part)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def generation(self) -> int:
+        """The node's own pool's generation, as last written."""
+        return self.generations.get(self.node, 0)
 
     def changed(self) -> None:
         """The devices may have changed (a GPU's health): publish now, not at the next resync."""
@@ -170,24 +233,34 @@ class SlicePublisher:
     def _run(self) -> None:
         pause = self.retry_s
         failures = 0
+        local = False   # woken by changed(): the API server need not be read when our devices did not change
         while not self._stop.is_set():
             self._wake.clear()
             try:
-                self.sync()
+                self.sync(local=local)
             except Exception as exc:   # the API server may be down or slow: keep trying, quietly after the first
                 failures += 1
                 (log.warning if failures == 1 else log.debug)("ResourceSlice %s not published (%s); retrying",
                                                               self.name, exc)
                 self._wake.wait(pause)
                 pause = min(pause * 2, self.max_retry_s)
+                local = False
                 continue
             if failures:
                 log.info("ResourceSlice %s published after %d failed attempt(s)", self.name, failures)
             failures, pause = 0, self.retry_s
-            self._wake.wait(self.resync_s)
+            local = self._wake.wait(self.resync_s)
 
-    def sync(self) -> bool:
-        """Make the API server hold our slice with the current devices; True when it wrote something."""
+    def sync(self, local: bool = False) -> bool:
+        """Make the API server hold our slice with the current devices; True when it wrote something.
+
+        `local`: only our devices may have changed (changed()): when they did not (a MIG partition made
+        on a GPU whose others are still offered), nothing is read or written; the resync checks the API
+        server."""
+        if local and self._written:
+            pools = self._pools()
+            if self._parts(pools) == {name: (pool, part) for name, (pool, _rv, part) in self._written.items()}:
+                return False
         for _ in range(5):
             try:
                 return self._sync_once()
@@ -195,35 +268,56 @@ class SlicePublisher:
                 continue   # someone changed it under us: read it again
         raise Conflict(f"ResourceSlice {self.name} kept changing under the driver")
 
+    def _pools(self) -> Pools:
+        built = self.build()
+        return built if isinstance(built, dict) else {self.node: {self.name: {"devices": built}}}
+
+    @staticmethod
+    def _parts(pools: Pools) -> dict[str, tuple[str, dict[str, Any]]]:
+        return {name: (pool, part) for pool, slices_ in pools.items() for name, part in slices_.items()}
+
     def _sync_once(self) -> bool:
-        devs = self.build()
+        pools = self._pools()
+        wanted = self._parts(pools)
         if self._node_uid is None:
             self._node_uid = self.api.node_uid(self.node)
-        ours = None
+        ours: dict[str, Slice] = {}
         for s in self.api.list_slices(self.node):
-            if s["metadata"]["name"] == self.name:
-                ours = s
+            name = s["metadata"]["name"]
+            pool = s["spec"].get("pool", {}).get("name", self.node)
+            if wanted.get(name, ("",))[0] == pool:
+                ours[name] = s
             else:
-                # A slice of this driver and node under another name (an older driver's): ours replaces it.
-                log.info("deleting stale ResourceSlice %s", s["metadata"]["name"])
-                self.api.delete_slice(s["metadata"]["name"])
-            self.generation = max(self.generation, int(s["spec"].get("pool", {}).get("generation", 0)))
-        rv = ours["metadata"].get("resourceVersion") if ours else None
-        if ours is not None and self._written == (rv, devs):
-            self.published.set()
-            return False
-        started = time.perf_counter()
-        body = resource_slice(self.node, self._node_uid, self.generation + 1, devs)
-        if ours is None:
-            written = self.api.create_slice(body)
-        else:
-            body["metadata"]["resourceVersion"] = rv
-            written = self.api.replace_slice(body)
-        self.generation += 1
-        self.writes += 1
-        self._written = (written["metadata"].get("resourceVersion"), devs)
+                # A slice of this driver and node we do not publish now (an older driver's, or a GPU's
+                # partitions that went): our pools replace it.
+                log.info("deleting stale ResourceSlice %s", name)
+                self.api.delete_slice(name)
+            self.generations[pool] = max(self.generations.get(pool, 0),
+                                         int(s["spec"].get("pool", {}).get("generation", 0)))
+        wrote = False
+        for pool, slices_ in pools.items():
+            if all(name in ours and self._written.get(name) == (pool, ours[name]["metadata"].get("resourceVersion"),
+                                                                 part) for name, part in slices_.items()):
+                continue
+            started = time.perf_counter()
+            generation = self.generations.get(pool, 0) + 1   # every slice of the pool: the scheduler ignores older
+            for name, part in slices_.items():
+                body = resource_slice(self.node, self._node_uid, generation, part, name=name, count=len(slices_),
+                                      pool=pool)
+                if name not in ours:
+                    done = self.api.create_slice(body)
+                else:
+                    body["metadata"]["resourceVersion"] = ours[name]["metadata"].get("resourceVersion")
+                    done = self.api.replace_slice(body)
+                self._written[name] = (pool, done["metadata"].get("resourceVersion"), part)
+            self.generations[pool] = generation
+            wrote = True
+            log.info("published pool %s (%s): %d device(s), generation %d (%.1f ms)", pool, ", ".join(slices_),
+                     sum(len(p.get("devices") or ()) for p in slices_.values()), generation,
+                     (time.perf_counter() - started) * 1000)
+        for name in set(self._written) - set(wanted):
+            del self._written[name]
+        if wrote:
+            self.writes += 1
         self.published.set()
-        log.info("published ResourceSlice %s: %d device(s), generation %d (%.1f ms)", self.name, len(devs),
-                 self.generation, (time.perf_counter() - started) * 1000)
-        return True
-
+        return wrote

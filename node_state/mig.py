@@ -327,17 +327,21 @@ class MigRecord:
     """The MIG instances this agent created, by parent GPU UUID, in a JSON file in the state directory.
 
     ``{"config": <layout name>, "created": {<parent uuid>: [{"gpu_instance": 1, "uuid": "MIG-…",
-    "profile": "1g.10gb"}]}}``. Written atomically after every change."""
+    "profile": "1g.10gb"}]}, "enabled": [<uuid of a GPU whose MIG mode the agent turned on>]}``.
+    Its user may add keys to an instance's entry (the DRA driver: the claim, the placement, and
+    whether it is only intended yet). Written atomically after every change."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.config: str | None = None
         self.created: dict[str, list[dict[str, Any]]] = {}
+        self.enabled: list[str] = []
         if path is not None and path.exists():
             try:
                 doc = json.loads(path.read_text())
                 self.config = doc.get("config")
                 self.created = {str(k): list(v) for k, v in (doc.get("created") or {}).items()}
+                self.enabled = [str(u) for u in doc.get("enabled") or []]
             except (OSError, ValueError, AttributeError) as exc:
                 log.warning("MIG record %s unreadable (%s); starting a new one", path, exc)
 
@@ -366,7 +370,10 @@ class MigRecord:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps({"config": self.config, "created": self.created}, indent=1, sort_keys=True))
+        doc: dict[str, Any] = {"config": self.config, "created": self.created}
+        if self.enabled:
+            doc["enabled"] = self.enabled
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
         os.replace(tmp, self.path)
 
 

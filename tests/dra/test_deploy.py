@@ -98,10 +98,12 @@ def test_same_privileges_pid_namespace_and_init_step_as_the_vgpu_device_plugin()
 
 def test_device_classes_select_the_driver() -> None:
     classes = {d["metadata"]["name"]: d for d in load(DEPLOY / "deviceclasses.yaml")}
-    assert set(classes) == {"gpu-share.vcuda.io", "gpu.vcuda.io"}
-    for cls in classes.values():
+    assert set(classes) == {"gpu-share.vcuda.io", "gpu.vcuda.io", "mig.vcuda.io"}
+    for name, cls in classes.items():
         (selector,) = cls["spec"]["selectors"]
-        assert selector["cel"]["expression"] == f'device.driver == "{names.DRIVER}"'
+        kind = "mig" if name == "mig.vcuda.io" else "gpu"   # the `type` attribute of dra_driver.slices
+        assert selector["cel"]["expression"] == (f'device.driver == "{names.DRIVER}" && '
+                                                 f'device.attributes["{names.DRIVER}"].type == "{kind}"')
     (cfg,) = classes["gpu-share.vcuda.io"]["spec"]["config"]
     from dra_driver.claims import share_config_fields
 
@@ -137,6 +139,11 @@ def test_example_templates_ask_for_what_their_comments_say() -> None:
     assert request["exactly"]["deviceClassName"] == "gpu.vcuda.io" and "capacity" not in request["exactly"]
     (w,) = plan(parse_claim(allocated(whole, "100", str(80 * GiB))), lambda r: card)
     assert (w.core_request, w.memory_limit, w.fractional) == (100, None, False)
+    mig = only("ResourceClaimTemplate", DEPLOY / "examples" / "mig-1g-10gb.yaml")
+    (request,) = mig["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "mig.vcuda.io" and "capacity" not in request["exactly"]
+    (selector,) = request["exactly"]["selectors"]
+    assert selector["cel"]["expression"] == f'device.attributes["{names.DRIVER}"].profile == "1g.10gb"'
     for f in (DEPLOY / "examples").glob("*.yaml"):
         if f.name == "kustomization.yaml":
             continue

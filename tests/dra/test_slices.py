@@ -35,7 +35,8 @@ def test_devices_carry_attributes_and_consumable_capacity():
     assert [d["name"] for d in devs] == ["gpu-0", "gpu-1", "gpu-2"]
     d0, _, d2 = devs
     assert d0["attributes"] == {
-        "uuid": {"string": gpu(0).uuid}, "index": {"int": 0}, "productName": {"string": "vcuda simulated GPU"},
+        "type": {"string": "gpu"}, "uuid": {"string": gpu(0).uuid}, "index": {"int": 0},
+        "productName": {"string": "vcuda simulated GPU"},
         "memory": {"int": 16 * GiB}, "driverVersion": {"version": "535.104.5"},
         "cudaDriverVersion": {"version": "12.2.0"}, "numaNode": {"int": 0}, "nvlinkPeers": {"string": "1"}}
     assert "nvlinkPeers" not in d2["attributes"] and d2["attributes"]["numaNode"] == {"int": 1}

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -130,6 +130,9 @@ class Partitioner:
         self.on_change = on_change
         self.profiles: dict[int, tuple[MigProfile, ...]] = {}   # GPU index -> its profiles (partitionable GPUs)
         self.catalog: dict[str, Partition] = {}
+        # GPU index -> (parent uuid, its partition devices): fixed once its profiles are known, and built
+        # once, not at every republish (the publisher's thread shares the GIL with prepare).
+        self._partition_devices: dict[int, tuple[str, list[dict[str, Any]]]] = {}
 
     # ---- start -----------------------------------------------------------------------------------
 
@@ -231,13 +234,22 @@ class Partitioner:
                 slices_[f"{base}-gpu-{index}-counters"] = {"sharedCounters": [{
                     "name": counter_set_name(index), "counters": {k: {"value": str(v)} for k, v in totals.items()}}]}
                 devices = [{**whole, "consumesCounters": _consumes(index, totals)}] if whole is not None else []
-                devices += [self._device(mig.uuid, index, p, pl, totals) for p in profiles for pl in p.placements]
+                devices += self._partitions(mig.uuid, index, profiles, totals)
                 slices_[f"{base}-gpu-{index}"] = {"devices": devices}
             elif whole is not None:   # busy: shared or taken whole, not partitioned
                 slices_[f"{base}-gpu-{index}"] = {"devices": [whole]}
             if slices_:
                 per_gpu[pool_name(self.node, index)] = slices_
         return {self.node: {base: {"devices": main}}, **per_gpu}
+
+    def _partitions(self, parent: str, index: int, profiles: Sequence[MigProfile], totals: Mapping[str, int]
+                    ) -> list[dict[str, Any]]:
+        """A GPU's partition devices, one per profile and placement (read-only: shared between builds)."""
+        cached = self._partition_devices.get(index)
+        if cached is None or cached[0] != parent:
+            cached = (parent, [self._device(parent, index, p, pl, totals) for p in profiles for pl in p.placements])
+            self._partition_devices[index] = cached
+        return cached[1]
 
     def _device(self, parent: str, index: int, p: MigProfile, pl: MigPlacement, totals: Mapping[str, int]
                 ) -> dict[str, Any]:

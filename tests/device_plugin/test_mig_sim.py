@@ -11,6 +11,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from simnvml import check_instance_share_reported
 from simtool import Children, lines
 
 from device_plugin.mig_config import CONFIG_LABEL, STATE_LABEL
@@ -230,15 +231,4 @@ def test_a_vgpu_share_of_a_mig_instance_is_limited_within_it(agent_factory, kube
     assert [d.uuid for d in devices] == [small.uuid]             # one entry: CUDA's name found the agent's
     assert devices[0].limit == GiB and devices[0].peak >= 512 * MiB
     # The exporter's reading: the share on the instance, under its parent GPU, with its scheduler's figures.
-    from node_state.metrics_snapshot import NodeReader
-
-    with nvml_session(sim) as nvml:
-        reader = NodeReader(agent.layout, mode="vgpu", node=dp.NODE, nvml=nvml)
-        try:
-            snap = reader.snapshot()
-        finally:
-            reader.close()
-    (row,) = snap.containers
-    assert (row.uuid, row.gpu, row.memory_limit) == (small.uuid, 0, GiB)
-    assert row.tenant_stats is not None and row.tenant_stats.grants > 0   # its kernels ran under the instance's
-    assert {m.uuid for m in snap.mig} == {d.uuid for d in inv.mig_devices()}
+    check_instance_share_reported(agent.layout, dp.NODE, sim, small.uuid, {d.uuid for d in inv.mig_devices()}, GiB)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from shimtest import cdi_container, container_env_on_host, parse
+from simnvml import check_instance_share_reported
 
 from dra_driver import slices
 from dra_driver import testing as t
@@ -139,15 +140,4 @@ def test_a_share_of_a_1g_instance_is_held_to_its_memory_on_the_simulator(agent_f
     assert [d.uuid for d in devices] == [small.uuid] and devices[0].limit == GiB
     # The exporter's and `vcuda top`'s reading: the share on the instance, under its parent GPU, with its
     # scheduler's figures, as the device plugin's vgpu shares of an instance.
-    from node_state.metrics_snapshot import NodeReader
-
-    with nvml_session(sim) as nvml:
-        reader = NodeReader(agent.layout, mode="vgpu", node=NODE, nvml=nvml)
-        try:
-            snap = reader.snapshot()
-        finally:
-            reader.close()
-    (row,) = snap.containers
-    assert (row.uuid, row.gpu, row.memory_limit) == (small.uuid, 0, GiB)
-    assert row.tenant_stats is not None and row.tenant_stats.grants > 0   # its kernels ran under the instance's
-    assert {m.uuid for m in snap.mig} == {d.uuid for d in inv.mig_devices()}
+    check_instance_share_reported(agent.layout, NODE, sim, small.uuid, {d.uuid for d in inv.mig_devices()}, GiB)

@@ -84,7 +84,7 @@ class DriverAgent:
                              schedulers=self.schedulers, host_lib=host_lib, specs=SpecDir(config.cdi_dir),
                              checkpoint=Checkpoint(config.state_dir / CHECKPOINT_DIR), api=api,
                              opt_out_namespaces=config.allow_opt_out_namespaces, partitioner=self.partitioner,
-                             on_change=lambda: self.publisher.changed())
+                             on_change=lambda: self.publisher.changed(), busy=lambda: self.publisher.busy())
         self.plugin = KubeletPlugin(self.driver, plugin_dir=config.plugin_dir, registry_dir=config.registry_dir)
         known = versions or slices.DriverVersions()
         self.publisher = slices.SlicePublisher(api, config.node_name, functools.partial(self._pool, known),

@@ -13,6 +13,7 @@ wiring on the simulator and fakes.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -142,6 +143,10 @@ class DriverAgent:
                                                  node=self.config.node_name, pod_resources_socket=None, nvml=self.nvml,
                                                  memory_reconciler=self.memory_reconciler,
                                                  quota_guard=self.quota_guard if self.memory_reconciler else None)
+        # What the start made and imported (the kubernetes client's modules and models, NVML's tables) lives as
+        # long as the process: out of the cyclic collector's sight, or each full collection walks it all, a
+        # ~100 ms pause of every thread, a kubelet call's included (issue 26).
+        gc.freeze()
         log.info("DRA driver running on node %s with %d GPU(s)", self.config.node_name, len(self.inventory.gpus))
 
     def stop(self) -> None:

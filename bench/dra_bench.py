@@ -28,7 +28,13 @@
    documents seconds for a MIG mode change with a GPU reset on real hardware).
    Then the slice republish time after a GPU's first partition is made (its whole
    device leaves the pool) and after its last is destroyed (it comes back),
-   measured from the kubelet's answer.
+   measured from the kubelet's answer. The slice publisher runs as in production:
+   its thread builds and writes the slices in the driver's process while claims are
+   prepared, holding back while a kubelet call is in flight (at most 200 ms,
+   dra_driver.slices), so the republish figures include that wait. The fake API
+   server and the test kubelet run in this process too (a real API server does
+   not): their request handling takes the GIL from the driver's threads, which
+   makes these figures somewhat worse than the driver's alone, never better.
 
 State and CDI directories go under $TMPDIR (fsync costs what that file system
 charges). The repository root goes first on sys.path, as in the other benches:

@@ -13,6 +13,7 @@ wiring on the simulator and fakes.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -84,7 +85,7 @@ class DriverAgent:
                              schedulers=self.schedulers, host_lib=host_lib, specs=SpecDir(config.cdi_dir),
                              checkpoint=Checkpoint(config.state_dir / CHECKPOINT_DIR), api=api,
                              opt_out_namespaces=config.allow_opt_out_namespaces, partitioner=self.partitioner,
-                             on_change=lambda: self.publisher.changed())
+                             on_change=lambda: self.publisher.changed(), busy=lambda: self.publisher.busy())
         self.plugin = KubeletPlugin(self.driver, plugin_dir=config.plugin_dir, registry_dir=config.registry_dir)
         known = versions or slices.DriverVersions()
         self.publisher = slices.SlicePublisher(api, config.node_name, functools.partial(self._pool, known),
@@ -142,6 +143,10 @@ class DriverAgent:
                                                  node=self.config.node_name, pod_resources_socket=None, nvml=self.nvml,
                                                  memory_reconciler=self.memory_reconciler,
                                                  quota_guard=self.quota_guard if self.memory_reconciler else None)
+        # What the start made and imported (the kubernetes client's modules and models, NVML's tables) lives as
+        # long as the process: out of the cyclic collector's sight, or each full collection walks it all, a
+        # ~100 ms pause of every thread, a kubelet call's included (issue 26).
+        gc.freeze()
         log.info("DRA driver running on node %s with %d GPU(s)", self.config.node_name, len(self.inventory.gpus))
 
     def stop(self) -> None:

@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -91,7 +92,8 @@ class Driver:
     def __init__(self, *, node: str, inventory: Inventory, health: Health, store: ContainerStore,
                  schedulers: Mapping[str, TokenScheduler], host_lib: Path, specs: cdi.SpecDir,
                  checkpoint: Checkpoint, api: ClaimSource, opt_out_namespaces: Collection[str] = frozenset(),
-                 partitioner: Partitioner | None = None, on_change: Callable[[], None] = lambda: None) -> None:
+                 partitioner: Partitioner | None = None, on_change: Callable[[], None] = lambda: None,
+                 busy: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
         self.node = node
         self.inventory = inventory
         self.health = health
@@ -107,6 +109,7 @@ class Driver:
         self._lock = threading.RLock()   # one claim at a time changes node state
         self.partitioner = partitioner   # --mig=dynamic: MIG partitions made at prepare
         self.on_change = on_change       # what is offered may have changed (dynamic MIG): republish
+        self.busy = busy                 # around each kubelet call (the slice publisher holds back meanwhile)
         # Prepared claims' GPUs (claim UID -> its ref and GPU UUIDs), kept with the checkpoint: what
         # claims_on answers the slice publisher's thread without reading every checkpoint file.
         self._uses = {c.uid: _uses(c) for c in checkpoint.all()}
@@ -115,11 +118,12 @@ class Driver:
 
     def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, Prepared]:
         out = {}
-        for c in claims:
-            try:
-                out[c.uid] = self.prepare_claim(c)
-            except Exception as exc:
-                out[c.uid] = Prepared(error=_message("prepare", c, exc))
+        with self.busy():
+            for c in claims:
+                try:
+                    out[c.uid] = self.prepare_claim(c)
+                except Exception as exc:
+                    out[c.uid] = Prepared(error=_message("prepare", c, exc))
         if self.partitioner is not None:
             self.on_change()   # a GPU with work on it is not partitioned, one with partitions not offered whole
         return out
@@ -127,12 +131,13 @@ class Driver:
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Per claim UID, the error ("" when it went well)."""
         out = {}
-        for c in claims:
-            try:
-                self.unprepare_claim(c)
-                out[c.uid] = ""
-            except Exception as exc:
-                out[c.uid] = _message("unprepare", c, exc)
+        with self.busy():
+            for c in claims:
+                try:
+                    self.unprepare_claim(c)
+                    out[c.uid] = ""
+                except Exception as exc:
+                    out[c.uid] = _message("unprepare", c, exc)
         if self.partitioner is not None:
             self.on_change()
         return out

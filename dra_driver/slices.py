@@ -25,6 +25,16 @@ deleted or changed is written again). Each change of the devices bumps the
 pool's generation, which tells the scheduler that older slices of the pool are
 stale. The API server may be down: the publisher keeps retrying with a growing
 pause, and the kubelet plugin serves meanwhile.
+
+The publisher runs in the kubelet plugin's process, and its work (building the pools
+over NVML, the kubernetes client's validation and serialization of each write) holds
+the GIL: a prepare running beside it waits up to the switch interval after each of
+its many syscalls (fsyncs, renames, NVML). So a kubelet call in flight (`busy()`,
+entered by the Driver around NodePrepareResources and NodeUnprepareResources) holds
+the publisher back: woken by `changed()`, it builds and writes only once no call is
+in flight, waiting at most `max_hold_s` (200 ms) in all for one publication, so a
+steady stream of prepares cannot keep a change out of the API server. Nothing of
+the driver's waits on the publisher: the API calls never run under a claim's lock.
 """
 
 from __future__ import annotations
@@ -32,7 +42,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -194,7 +205,8 @@ class SlicePublisher:
     counter set and its devices in separate slices; a change rewrites only the pool it is in)."""
 
     def __init__(self, api: SliceAPI, node: str, build: Callable[[], list[dict[str, Any]] | Pools], *,
-                 resync_s: float = 60.0, retry_s: float = 0.5, max_retry_s: float = 30.0) -> None:
+                 resync_s: float = 60.0, retry_s: float = 0.5, max_retry_s: float = 30.0,
+                 max_hold_s: float = 0.2) -> None:
         self.api = api
         self.node = node
         self.name = slice_name(node)
@@ -202,6 +214,7 @@ class SlicePublisher:
         self.resync_s = resync_s
         self.retry_s = retry_s
         self.max_retry_s = max_retry_s
+        self.max_hold_s = max_hold_s   # the longest kubelet calls in flight hold one publication back
         self.generations: dict[str, int] = {}   # pool name -> its generation, as last written or seen
         self.writes = 0                # successful creates and replaces, for tests and logs
         self.published = threading.Event()
@@ -210,6 +223,10 @@ class SlicePublisher:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._quiet = threading.Condition()
+        self._in_flight = 0            # kubelet calls in flight (busy())
+        self._deadline: float | None = None   # while publishing from the thread: when holding back ends
+        self.held = threading.Event()  # set when the thread held back for a call in flight, for tests
 
     @property
     def generation(self) -> int:
@@ -220,6 +237,33 @@ class SlicePublisher:
         """The devices may have changed (a GPU's health): publish now, not at the next resync."""
         self._wake.set()
 
+    @property
+    def calls_in_flight(self) -> int:
+        return self._in_flight
+
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        """A kubelet call in flight: the thread's building and writing wait for its end (at most max_hold_s)."""
+        with self._quiet:
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._quiet:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._quiet.notify_all()
+
+    def _hold(self) -> None:
+        """Before each piece of the thread's work: wait while a kubelet call is in flight, until the deadline."""
+        if self._deadline is None:
+            return
+        with self._quiet:
+            if self._in_flight and not self._stop.is_set():
+                self.held.set()
+                self._quiet.wait_for(lambda: not self._in_flight or self._stop.is_set(),
+                                     timeout=max(0.0, self._deadline - time.monotonic()))
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="slice-publisher", daemon=True)
         self._thread.start()
@@ -227,6 +271,8 @@ class SlicePublisher:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        with self._quiet:
+            self._quiet.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=15)
 
@@ -235,7 +281,9 @@ class SlicePublisher:
         failures = 0
         local = False   # woken by changed(): the API server need not be read when our devices did not change
         while not self._stop.is_set():
-            self._wake.clear()
+            self._deadline = time.monotonic() + self.max_hold_s
+            self._hold()
+            self._wake.clear()   # after holding back: the changes made by the calls it waited for are taken in
             try:
                 self.sync(local=local)
             except Exception as exc:   # the API server may be down or slow: keep trying, quietly after the first
@@ -257,6 +305,7 @@ class SlicePublisher:
         `local`: only our devices may have changed (changed()): when they did not (a MIG partition made
         on a GPU whose others are still offered), nothing is read or written; the resync checks the API
         server."""
+        self._hold()
         if local and self._written:
             pools = self._pools()
             if self._parts(pools) == {name: (pool, part) for name, (pool, _rv, part) in self._written.items()}:
@@ -277,6 +326,7 @@ class SlicePublisher:
         return {name: (pool, part) for pool, slices_ in pools.items() for name, part in slices_.items()}
 
     def _sync_once(self) -> bool:
+        self._hold()
         pools = self._pools()
         wanted = self._parts(pools)
         if self._node_uid is None:
@@ -302,6 +352,7 @@ class SlicePublisher:
             started = time.perf_counter()
             generation = self.generations.get(pool, 0) + 1   # every slice of the pool: the scheduler ignores older
             for name, part in slices_.items():
+                self._hold()
                 body = resource_slice(self.node, self._node_uid, generation, part, name=name, count=len(slices_),
                                       pool=pool)
                 if name not in ours:

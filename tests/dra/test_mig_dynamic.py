@@ -332,3 +332,21 @@ def test_an_instance_made_by_an_operator_after_the_start_is_not_offered(agent_fa
     agent.publisher.changed()
     wait_for(lambda: f"{BASE}-gpu-1-counters" not in stored(api), 10, "gpu-1's partitions leaving")
     assert f"mig-1-{dev.gpu_instance}" not in devices(api) and mig.instances[1] == [dev]
+
+
+def test_the_publisher_counts_each_kubelet_call_in_flight(agent_factory, kubelet, api):
+    """The slice publisher holds back while a prepare or unprepare runs (dra_driver.slices): the driver tells it."""
+    agent = dynamic(agent_factory, FakeMig(("off", "off", "")))
+    seen = []
+    prepare_claim, unprepare_claim = agent.driver.prepare_claim, agent.driver.unprepare_claim
+
+    def watched(call: Any) -> Any:
+        def inner(ref: Any) -> Any:
+            seen.append(agent.publisher.calls_in_flight)
+            return call(ref)
+        return inner
+    agent.driver.prepare_claim, agent.driver.unprepare_claim = watched(prepare_claim), watched(unprepare_claim)
+    claim = partition_claim(api, "p", P6)
+    assert error(kubelet.prepare(claim), claim) == "" and error(kubelet.unprepare(claim), claim) == ""
+    assert seen == [1, 1] and agent.publisher.calls_in_flight == 0
+    wait_for(lambda: "gpu-0" in devices(api), 10, "gpu-0 back in the slice")

@@ -154,3 +154,45 @@ def test_an_api_server_that_is_away_is_retried(rig, tmp_path):
     finally:
         p.stop()
     assert rig.stored()["spec"]["pool"]["generation"] == 1
+
+
+def counting_builds(p: slices.SlicePublisher) -> list[int]:
+    """Each build of the pools from now on appends to the list returned."""
+    builds: list[int] = []
+    build = p.build
+
+    def counted():  # type: ignore[no-untyped-def]
+        builds.append(1)
+        return build()
+    p.build = counted
+    return builds
+
+
+def test_a_kubelet_call_in_flight_holds_the_publisher_back_until_it_ends(rig, tmp_path):
+    p = rig.publisher(tmp_path, max_hold_s=3600)
+    p.start()
+    try:
+        wait_for(p.published.is_set, 10, "the first publish")
+        builds = counting_builds(p)
+        with p.busy():
+            rig.healthy[gpu(0).uuid] = False
+            p.changed()
+            wait_for(p.held.is_set, 10, "the publisher to hold back")
+            assert builds == [] and len(rig.stored()["spec"]["devices"]) == 3
+        wait_for(lambda: len(rig.stored()["spec"]["devices"]) == 2, 10, "gpu-0 to leave once the call ended")
+    finally:
+        p.stop()
+
+
+def test_calls_that_never_end_hold_the_publisher_back_for_max_hold_s_only(rig, tmp_path):
+    p = rig.publisher(tmp_path, max_hold_s=0.05)
+    p.start()
+    try:
+        wait_for(p.published.is_set, 10, "the first publish")
+        with p.busy():
+            rig.healthy[gpu(0).uuid] = False
+            p.changed()
+            wait_for(lambda: len(rig.stored()["spec"]["devices"]) == 2, 10, "gpu-0 to leave during the call")
+            assert p.held.is_set()
+    finally:
+        p.stop()

@@ -38,10 +38,13 @@ class _SliceWrites(client.ResourceV1Api):
     """The slice writes without the client's argument validation (pydantic's validate_call), which turns
     the raw JSON body into its model (V1ResourceSlice) to serialize it back: ~8 ms of GIL-bound work per
     slice in the kubelet plugin's process, where prepares wait behind it (dra_driver.slices). The body
-    is the API server's own JSON (dra_driver.slices.resource_slice), sent as it is."""
+    is the API server's own JSON (dra_driver.slices.resource_slice), sent as it is. A client without that
+    wrapper (no ``__wrapped__``) is used as it is."""
 
-    create_resource_slice = client.ResourceV1Api.create_resource_slice.__wrapped__
-    replace_resource_slice = client.ResourceV1Api.replace_resource_slice.__wrapped__
+    create_resource_slice = getattr(client.ResourceV1Api.create_resource_slice, "__wrapped__",
+                                    client.ResourceV1Api.create_resource_slice)
+    replace_resource_slice = getattr(client.ResourceV1Api.replace_resource_slice, "__wrapped__",
+                                     client.ResourceV1Api.replace_resource_slice)
 
 
 class KubeAPI:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -35,6 +34,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from py_vcuda.files import write_atomic
 from py_vcuda.nvml import GPUInfo, MigDevice, MigPlacement, MigProfile, ProcessMemory
 
 __all__ = ["MigDevice", "MigPlacement", "MigProfile", "MigBackend", "MigGPU", "MigView", "LayoutEntry",
@@ -369,12 +369,12 @@ class MigRecord:
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
         doc: dict[str, Any] = {"config": self.config, "created": self.created}
         if self.enabled:
             doc["enabled"] = self.enabled
-        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-        os.replace(tmp, self.path)
+        # Durable, not only atomic: the DRA driver records an instance's intent here before making it,
+        # and recovery after a power loss needs that record (py_vcuda.files).
+        write_atomic(self.path, json.dumps(doc, indent=1, sort_keys=True).encode())
 
 
 # ---- applying a layout -------------------------------------------------------

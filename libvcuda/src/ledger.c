@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "device_uuid.h"
 #include "prim.h"
 
 #define OWNER(pid, state) (((uint64_t)(uint32_t)(pid) << 8) | (uint64_t)(state))
@@ -117,16 +118,9 @@ void vcuda_ledger_close(struct vcuda_ledger *ledger) {
     ledger->file = NULL;
 }
 
-/* One device, however it is named. CUDA gives a MIG device's UUID as bytes, which libvcuda writes
- * "GPU-<hex>"; NVML and the node agent name it "MIG-<hex>": same hex, same device. */
-static bool has_device_prefix(const char *uuid) {
-    return strncmp(uuid, "GPU-", 4) == 0 || strncmp(uuid, "MIG-", 4) == 0;
-}
-
+/* One device, however it is named (device_uuid.h: GPU-/MIG- spellings of one MIG instance). */
 static bool same_device(const char *a, const char *b) {
-    if (strncmp(a, b, VCUDA_LEDGER_UUID_LEN) == 0) return true;
-    return a[0] && has_device_prefix(a) && has_device_prefix(b) &&
-           strncmp(a + 4, b + 4, VCUDA_LEDGER_UUID_LEN - 4) == 0;
+    return vcuda_same_device(a, b, VCUDA_LEDGER_UUID_LEN);
 }
 
 int vcuda_ledger_find_device(const struct vcuda_ledger *ledger, const char *uuid) {

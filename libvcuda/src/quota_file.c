@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "device_uuid.h"
+
 /* Scalar keys, each at most once; gpu repeats. */
 enum key { K_VERSION, K_LEDGER, K_CORE_REQUEST, K_CORE_LIMIT, K_PRIORITY, K_TIMEOUT, K_LOSS, K_GPU, K_COUNT };
 static const char *const key_names[K_COUNT] = {
@@ -213,9 +215,9 @@ int vcuda_quota_file_read(const char *path, struct vcuda_quota_file *q, char *wh
 }
 
 const struct vcuda_quota_gpu *vcuda_quota_file_gpu(const struct vcuda_quota_file *q, const char *uuid) {
-    if (uuid == NULL || strlen(uuid) <= 4) return NULL;
+    if (uuid == NULL) return NULL;
     for (int i = 0; i < q->ngpus; i++)
-        if (strcmp(q->gpus[i].uuid + 4, uuid + 4) == 0) return &q->gpus[i];
+        if (vcuda_same_device(q->gpus[i].uuid, uuid, sizeof q->gpus[i].uuid)) return &q->gpus[i];
     return NULL;
 }
 

@@ -18,14 +18,13 @@ import contextlib
 import functools
 import logging
 import threading
-import time
-import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from kube_contract.apiclient import ListWatch
+from kube_contract.events import NodeRef, event_body
 from node_state.mig import BusyError, GPUChange, LayoutApplier, LayoutError, Outcome, parse_layouts
 
 log = logging.getLogger(__name__)
@@ -65,15 +64,7 @@ class MigNode:
 
     def warn(self, message: str) -> None:
         """A Warning Event on the Node (kubectl describe node shows it)."""
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{self.node}.mig-config.{uuid.uuid4().hex[:12]}", "namespace": "default"},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node},
-            "reason": EVENT_REASON, "message": message[:1024], "type": "Warning", "count": 1,
-            "source": {"component": COMPONENT, "host": self.node},
-            "firstTimestamp": now, "lastTimestamp": now,
-        }
+        event = event_body(NodeRef(self.node), EVENT_REASON, message, component=COMPONENT, host=self.node)
         self.api.create_namespaced_event("default", event, _preload_content=False, _request_timeout=self.timeout)
 
 

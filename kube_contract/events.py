@@ -1,6 +1,8 @@
-"""Kubernetes Events on pods (core/v1 ``create_namespaced_event``), as ``kubectl describe pod`` shows them.
+"""Kubernetes Events (core/v1 ``create_namespaced_event``) on pods and Nodes, as ``kubectl describe``
+shows them: one body for every Event the node daemons write.
 
-The node daemons record what they did to a pod's processes (node_state.quota_guard).
+The node daemons record what they did to a pod's processes (node_state.quota_guard) and a MIG
+layout that failed on their Node (device_plugin.mig_config).
 A post goes out on the recorder's own thread: a slow or absent API server must not
 hold up the caller (the memory reconciler's pass), and an Event that cannot be
 posted is logged, not retried: the log line and the metric already say it.
@@ -32,17 +34,32 @@ class PodRef:
     name: str
     uid: str
 
+    def involved(self) -> dict[str, str]:
+        return {"apiVersion": "v1", "kind": "Pod", "namespace": self.namespace, "name": self.name, "uid": self.uid}
 
-def event_body(pod: PodRef, reason: str, message: str, *, component: str, host: str,
+
+@dataclass(frozen=True)
+class NodeRef:
+    name: str
+    uid: str = ""
+    namespace: str = "default"   # Events on a cluster-scoped object live in the default namespace
+
+    def involved(self) -> dict[str, str]:
+        return {"apiVersion": "v1", "kind": "Node", "name": self.name, "uid": self.uid or self.name}
+
+
+MESSAGE_LIMIT = 1024   # the API server refuses longer Event messages
+
+
+def event_body(obj: PodRef | NodeRef, reason: str, message: str, *, component: str, host: str,
                kind: str = WARNING) -> dict[str, Any]:
-    """A core/v1 Event about `pod`; its name is unique (pod name and a time in ns, as kubectl's are)."""
+    """A core/v1 Event about `obj`; its name is unique (object name and a time in ns, as kubectl's are)."""
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": f"{pod.name}.{time.time_ns():x}", "namespace": pod.namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name,
-                           "uid": pod.uid},
-        "reason": reason, "message": message, "type": kind,
+        "metadata": {"name": f"{obj.name}.{time.time_ns():x}", "namespace": obj.namespace},
+        "involvedObject": obj.involved(),
+        "reason": reason, "message": message[:MESSAGE_LIMIT], "type": kind,
         "source": {"component": component, "host": host},
         "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         "reportingComponent": component, "reportingInstance": host,

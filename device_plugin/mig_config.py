@@ -23,6 +23,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from device_plugin.node_topology import KubeNode
 from kube_contract.apiclient import ListWatch
 from kube_contract.events import NodeRef, event_body
 from node_state.mig import BusyError, GPUChange, LayoutApplier, LayoutError, Outcome, parse_layouts
@@ -58,9 +59,7 @@ class MigNode:
                          on_event=lambda kind, obj: labels(obj) if kind != "DELETED" else None)
 
     def set_state(self, state: str) -> None:
-        self.api.patch_node(self.node, {"metadata": {"labels": {STATE_LABEL: state}}},
-                            _content_type="application/merge-patch+json", _preload_content=False,
-                            _request_timeout=self.timeout)
+        KubeNode(self.api, self.node, self.timeout).patch({"labels": {STATE_LABEL: state}})
 
     def warn(self, message: str) -> None:
         """A Warning Event on the Node (kubectl describe node shows it)."""

@@ -22,7 +22,9 @@
  * (at the gate, where each first seals its launches with a checkpoint, or for
  * room) the checkpoints tell what is left, and the release goes out about two
  * handoffs before that work ends (await_tail): the next holder's grant and
- * wake-up overlap it, and held_ns covers it.
+ * wake-up overlap it, and held_ns covers it. While it waits for its turn, the
+ * thread PINGs a scheduler it has not heard from for a while: only silence,
+ * never a long wait in line, makes a scheduler lost (client_main).
  *
  * In-flight budget ("flight"): while a lease is held, every K-th launch of a
  * thread records a checkpoint event on its stream. Checkpoints complete in
@@ -66,7 +68,11 @@ struct vcuda_gate vcuda_gates[VCUDA_MAX_DEVICES];
 __thread struct vcuda_gate *vcuda_thread_gate __attribute__((tls_model("initial-exec"))) = &vcuda_gates[0];
 __thread int vcuda_thread_countdown __attribute__((tls_model("initial-exec")));
 
-enum { MSG_REQUEST = 1, MSG_GRANT = 2, MSG_RELEASE = 3, MSG_RENEW = 4, MSG_ERROR = 5, MSG_REVOKE = 8, MSG_BUDGET = 9, MSG_REPORT = 10 };
+enum {
+    MSG_REQUEST = 1, MSG_GRANT = 2, MSG_RELEASE = 3, MSG_RENEW = 4, MSG_ERROR = 5, MSG_PING = 6, MSG_PONG = 7,
+    MSG_REVOKE = 8, MSG_BUDGET = 9, MSG_REPORT = 10
+};
+enum { PONG_IDLE = 0 }; /* PONG's state of this client: the scheduler has no request of it */
 enum { FLAG_MORE = 1 };
 enum { ERR_STALE_LEASE = 5, ERR_LEASE_EXPIRED = 6, ERR_RENEW_DENIED = 7, ERR_TENANT_REMOVED = 9 };
 #define HEADER_LEN 16
@@ -76,6 +82,8 @@ enum { ERR_STALE_LEASE = 5, ERR_LEASE_EXPIRED = 6, ERR_RENEW_DENIED = 7, ERR_TEN
 #define IDLE_GRACE_RANGE 8           /* the learnt idle grace stays within 1/8 of the scheduler's and all of it */
 #define IDLE_GRACE_DECAY 16          /* ... and shrinks by 1/16 at each idle release that was not followed soon */
 #define CONNECT_TIMEOUT_MS 1000
+#define PING_EVERY_MAX_MS 100        /* a waiting client that heard nothing this long PINGs (PROTOCOL.md), */
+#define PING_EVERY_PARTS 4           /* ... or sooner: at least this many PINGs before a short timeout ends */
 #define DEFAULT_BUDGET_NS 10000000ull /* until the scheduler sends one (its default) */
 #define UNCHECKED (INT_MAX / 2)       /* countdown where no budget applies: no scheduler, no lease */
 #define FLIGHT_RING 16                /* checkpoints tracked at once */
@@ -140,6 +148,8 @@ struct token_client {
     bool started;
     int waiters;            /* launchers blocked on the gate */
     bool unthrottled;       /* scheduler lost under VCUDA_ON_SCHEDULER_LOSS=run */
+    uint64_t heard_ns;      /* client thread only: the scheduler's last sign of life (a frame, a
+                             * connection), or when the client began waiting on it if later */
     struct vcuda_zmtp conn;
     uint32_t seq;
     uint64_t burst_ns;      /* EWMA of hold times, sent as the predicted burst */
@@ -187,17 +197,22 @@ static void put64(unsigned char *p, uint64_t v) { for (int i = 0; i < 8; i++) p[
 static uint32_t get32(const unsigned char *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
 static uint64_t get64(const unsigned char *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
 
-/* Every client frame has a 16-byte body: REQUEST and REPORT start with two
- * 32-bit fields (`a`, 0), the others with a 64-bit one; `b` is the last 8 bytes. */
-static int send_msg(struct token_client *c, int type, int flags, uint64_t a, uint64_t b) {
-    unsigned char frame[HEADER_LEN + 16];
+/* The 16-byte header of a client frame, numbered with the next seq. */
+static void put_header(struct token_client *c, unsigned char *frame, int type, int flags, uint32_t body_len) {
     memcpy(frame, "VCTS", 4);
     frame[4] = 1;
     frame[5] = (unsigned char)type;
     frame[6] = (unsigned char)flags;
     frame[7] = 0;
     put32(frame + 8, ++c->seq);
-    put32(frame + 12, 16);
+    put32(frame + 12, body_len);
+}
+
+/* Every client frame but PING has a 16-byte body: REQUEST and REPORT start with
+ * two 32-bit fields (`a`, 0), the others with a 64-bit one; `b` is the last 8 bytes. */
+static int send_msg(struct token_client *c, int type, int flags, uint64_t a, uint64_t b) {
+    unsigned char frame[HEADER_LEN + 16];
+    put_header(c, frame, type, flags, 16);
     if (type == MSG_REQUEST || type == MSG_REPORT) {
         put32(frame + 16, (uint32_t)a);
         put32(frame + 20, 0);
@@ -212,10 +227,21 @@ static int send_request(struct token_client *c) {
     return send_msg(c, MSG_REQUEST, 0, (uint64_t)getpid(), c->burst_ns / 1000);
 }
 
-/* Connects if needed; false when the scheduler cannot be reached now. */
+/* PING has an 8-byte body (the nonce: here the frame's own seq). */
+static int send_ping(struct token_client *c) {
+    unsigned char frame[HEADER_LEN + 8];
+    put_header(c, frame, MSG_PING, 0, 8);
+    put64(frame + 16, c->seq);
+    return vcuda_zmtp_send(&c->conn, frame, sizeof frame);
+}
+
+/* Connects if needed; false when the scheduler cannot be reached now. A new
+ * connection is a sign of life: the scheduler itself answered the greeting. */
 static bool connected(struct token_client *c) {
     if (c->conn.fd >= 0) return true;
-    return vcuda_zmtp_connect(&c->conn, c->endpoint, CONNECT_TIMEOUT_MS) == 0;
+    if (vcuda_zmtp_connect(&c->conn, c->endpoint, CONNECT_TIMEOUT_MS) != 0) return false;
+    c->heard_ns = now_ns();
+    return true;
 }
 
 /* While an application captures a stream into a graph, a synchronize or an
@@ -617,7 +643,8 @@ static enum wake wait_event(struct token_client *c, uint64_t lease, uint64_t dea
 }
 
 /* Waits for a GRANT; returns false when the connection is lost or the wait
- * exceeded `timeout_ms`. */
+ * exceeded `timeout_ms`. Every frame is a sign of life (c->heard_ns); a PONG
+ * saying the scheduler has no request of ours (it lost it) asks again. */
 static bool wait_grant(struct token_client *c, uint64_t *lease, uint64_t *quantum_ns, int timeout_ms) {
     uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
@@ -627,7 +654,12 @@ static bool wait_grant(struct token_client *c, uint64_t *lease, uint64_t *quantu
         if (now_ns() >= deadline) return false;
         int r = vcuda_zmtp_recv(&c->conn, buf, sizeof buf, &len, left > 0 ? left : 1);
         if (r != 0) return false;
+        c->heard_ns = now_ns();
         if (len < HEADER_LEN || memcmp(buf, "VCTS", 4) != 0) continue;
+        if (buf[5] == MSG_PONG && len >= HEADER_LEN + 24) {
+            if (buf[HEADER_LEN + 12] == PONG_IDLE) send_request(c);
+            continue;
+        }
         if (buf[5] == MSG_GRANT && len >= HEADER_LEN + 16) {
             if (get64(buf + 16) == c->unanswered) continue; /* a renewal of a lease already given back */
             *lease = get64(buf + 16);
@@ -903,7 +935,7 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
     return more;
 }
 
-/* Scheduler unreachable past VCUDA_SCHEDULER_TIMEOUT_MS. */
+/* The scheduler silent past VCUDA_SCHEDULER_TIMEOUT_MS. */
 static void on_loss(struct token_client *c) {
     if (vcuda_config.on_scheduler_loss == VCUDA_LOSS_RUN) {
         if (!c->unthrottled) vcuda_warn("token scheduler %s lost: launching unthrottled until it returns",
@@ -916,10 +948,31 @@ static void on_loss(struct token_client *c) {
     }
 }
 
+/* The scheduler answers again after a loss. Under `run` the gate closes at
+ * once: the limit holds again from now, not from the next grant (which a
+ * tenant at its limit may wait for long). */
+static void on_back(struct token_client *c) {
+    vcuda_info("token scheduler %s is back", c->endpoint);
+    c->unthrottled = false;
+    if (vcuda_config.on_scheduler_loss == VCUDA_LOSS_RUN) set_gate(c, 0);
+}
+
+/* Liveness is not lease time (PROTOCOL.md, "Client state machine"): a client
+ * waiting for its turn is answered by its scheduler, not granted, for as long
+ * as the scheduler keeps it waiting (at its limit, behind others). Only
+ * silence counts toward VCUDA_SCHEDULER_TIMEOUT_MS: no connection, or no frame
+ * of any kind, while the client needs the scheduler. A waiting client that
+ * heard nothing for ping_every PINGs; the PONG is an answer. A stopped or
+ * hung scheduler answers nothing and is lost after the timeout, as one that
+ * is gone. */
 static void *client_main(void *arg) {
     struct token_client *c = arg;
     bool requested = false;
-    uint64_t lost_since = 0, backoff_ms = 10;
+    bool needed = false; /* the process waits on the scheduler (since c->heard_ns at the latest) */
+    uint64_t backoff_ms = 10;
+    const uint64_t timeout_ns = (uint64_t)vcuda_config.scheduler_timeout_ms * 1000000ull;
+    int ping_every_ms = vcuda_config.scheduler_timeout_ms / PING_EVERY_PARTS;
+    ping_every_ms = ping_every_ms < 1 ? 1 : ping_every_ms > PING_EVERY_MAX_MS ? PING_EVERY_MAX_MS : ping_every_ms;
     prctl(PR_SET_TIMERSLACK, CLIENT_TIMER_SLACK_NS, 0, 0, 0);
     /* It synchronizes and queries events whenever a lease ends: never let that
      * invalidate the application's stream captures (relax_captures). */
@@ -929,29 +982,33 @@ static void *client_main(void *arg) {
     for (;;) {
         /* Unthrottled after a loss, keep trying to reach the scheduler even with nobody waiting. */
         if (!requested && !c->unthrottled && wait_event(c, 0, UINT64_MAX, true) == WAKE_LOST) continue;
+        if (!needed) { /* silence counts from here: an idle client expects nothing */
+            needed = true;
+            c->heard_ns = now_ns();
+        }
         if (c->idle_at != 0) learn_grace(c, now_ns() - c->idle_at);
         if (!connected(c) || (!requested && send_request(c) != 0)) {
             requested = false;
-            if (lost_since == 0) lost_since = now_ns();
-            if (now_ns() - lost_since >= (uint64_t)vcuda_config.scheduler_timeout_ms * 1000000ull) on_loss(c);
+            if (now_ns() - c->heard_ns >= timeout_ns) on_loss(c);
             sleep_until(now_ns() + backoff_ms * 1000000ull);
             backoff_ms = backoff_ms * 2 > 500 ? 500 : backoff_ms * 2;
             continue;
         }
         requested = true;
         uint64_t lease = 0, quantum = 0;
-        if (!wait_grant(c, &lease, &quantum, 100)) {
-            if (c->conn.fd < 0) requested = false; /* connection lost: reconnect and ask again */
-            else if (lost_since == 0) lost_since = now_ns();
-            if (lost_since && now_ns() - lost_since >= (uint64_t)vcuda_config.scheduler_timeout_ms * 1000000ull)
-                on_loss(c);
+        if (!wait_grant(c, &lease, &quantum, ping_every_ms)) {
+            if (c->conn.fd < 0) { /* connection lost: reconnect and ask again */
+                requested = false;
+                continue;
+            }
+            uint64_t silent = now_ns() - c->heard_ns;
+            if (silent >= timeout_ns) on_loss(c);
+            else if (c->unthrottled) on_back(c);
+            if (silent >= (uint64_t)ping_every_ms * 1000000ull) send_ping(c);
             continue;
         }
-        if (c->unthrottled) {
-            vcuda_info("token scheduler %s is back", c->endpoint);
-            c->unthrottled = false;
-        }
-        lost_since = 0;
+        if (c->unthrottled) on_back(c);
+        needed = false;
         backoff_ms = 10;
         /* With MORE the scheduler queues us again itself. */
         requested = hold(c, lease, quantum);

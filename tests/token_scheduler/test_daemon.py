@@ -230,6 +230,32 @@ def test_disconnected_holder_frees_the_token_at_once(short_dir: Path, zctx: zmq.
         admin.close()
 
 
+def test_a_waiting_client_is_answered_while_it_waits(short_dir: Path, zctx: zmq.Context) -> None:
+    """Liveness is not lease time (issue 31): however long a client waits for its turn (here
+    behind a 60 s lease), each PING it sends is answered at once with a PONG saying WAITING,
+    so a client counts only silence as a lost scheduler, never the wait."""
+    config = PolicyConfig(window_ns=120 * SECOND, quantum_min_ns=60 * SECOND, quantum_max_ns=60 * SECOND,
+                          grace_ns=5 * MS)
+    with daemon_thread(short_dir / "sched", config) as daemon:
+        admin = AdminClient(short_dir / "sched" / "admin.sock", zctx)
+        admin.wait_ready()
+        a = TenantClient(add(admin, "a", 50), zctx)
+        b = TenantClient(add(admin, "b", 50), zctx)
+        lease = a.acquire().fields[0]
+        b.request()
+        for nonce in (1, 2, 2**64 - 1):
+            b.ping(nonce)
+            pong = b.expect(MsgType.PONG)
+            assert pong.fields == (nonce, daemon.policy.epoch, wire.ClientState.WAITING, 0)
+        b.send_raw(wire.encode_ping(9, 0)[:-1])  # a short PING is an error, and changes nothing
+        assert b.expect(MsgType.ERROR).fields[0] == ErrorCode.MALFORMED
+        b.ping(4)
+        assert b.expect(MsgType.PONG).fields[2] == wire.ClientState.WAITING
+        a.release(lease, 1000)
+        assert b.wait_grant(2).type == MsgType.GRANT
+        admin.close()
+
+
 # --- priority, revocation, in-flight budget ------------------------------------------------------
 
 

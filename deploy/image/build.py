@@ -57,8 +57,9 @@ def project() -> dict:
 
 # --- which builder, which runtime --------------------------------------------------------------
 
-def choose_builder(requested: str | None, which: Which = shutil.which) -> str:
+def choose_builder(requested: str | None, which: Which | None = None) -> str:
     """The builder asked for, or the first of podman, buildah, docker on PATH."""
+    which = which or shutil.which
     if requested:
         if requested not in BUILDERS:
             raise BuildError(f"unknown builder {requested!r}: choose one of {', '.join(BUILDERS)}")
@@ -72,7 +73,7 @@ def choose_builder(requested: str | None, which: Which = shutil.which) -> str:
                      "(Debian: apt-get install podman), or name one with --builder")
 
 
-def choose_runtime(builder: str, requested: str | None, cgroup_v2: bool, which: Which = shutil.which) -> str | None:
+def choose_runtime(builder: str, requested: str | None, cgroup_v2: bool, which: Which | None = None) -> str | None:
     """The OCI runtime podman/buildah run the build's RUN steps with (None: their default).
 
     On a cgroup v1 host crun (Debian's default for podman) can refuse to start containers ("cgroups in
@@ -84,7 +85,7 @@ def choose_runtime(builder: str, requested: str | None, cgroup_v2: bool, which: 
         return None
     if requested:
         return requested
-    if not cgroup_v2 and which("runc"):
+    if not cgroup_v2 and (which or shutil.which)("runc"):
         return "runc"
     return None
 

@@ -279,12 +279,18 @@ def python_version(python: str) -> str:
     return out.stdout.strip()
 
 
+def _stamp(folder: Path) -> Path:
+    # beside the folder, not in it: the folder is copied into the image, its key must not be
+    return folder.with_name(folder.name + ".key")
+
+
 def _stamped(folder: Path, key: str) -> bool:
-    stamp = folder / ".key"
+    stamp = _stamp(folder)
     return stamp.is_file() and stamp.read_text() == key and any(folder.glob("*.whl"))
 
 
 def _restamp(folder: Path) -> None:
+    _stamp(folder).unlink(missing_ok=True)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
 
@@ -304,7 +310,7 @@ def build_wheels(python: str, run: Runner, out: Path = WHEELS, repo: Path = REPO
         _restamp(vcuda_dir)
         run([python, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(vcuda_dir), str(repo)],
             env=env, what="building vcuda's wheel")
-        (vcuda_dir / ".key").write_text(vcuda_key)
+        _stamp(vcuda_dir).write_text(vcuda_key)
     else:
         run.say(f"vcuda's wheel is up to date in {vcuda_dir}")
     deps_dir = out / "deps"
@@ -316,7 +322,7 @@ def build_wheels(python: str, run: Runner, out: Path = WHEELS, repo: Path = REPO
             what="fetching the dependencies' wheels (PyPI or pip's cache)")
         for own in deps_dir.glob("vcuda-*.whl"):
             own.unlink()
-        (deps_dir / ".key").write_text(deps_key)
+        _stamp(deps_dir).write_text(deps_key)
     else:
         run.say(f"the dependencies' wheels are up to date in {deps_dir}")
 

@@ -214,3 +214,9 @@ def test_the_source_never_imports_the_kubernetes_asyncio_client() -> None:
             for n, line in enumerate(path.read_text().splitlines(), 1)
             if re.search(r"kubernetes\.aio|from kubernetes import .*\baio\b|kubernetes_asyncio", line)]
     assert packages and not uses, f"the image has no kubernetes.aio (deploy/image/Containerfile): {uses}"
+
+
+def test_wheel_stamps_stay_out_of_the_image(build: ModuleType) -> None:
+    """The stamps that say "up to date" sit beside .whl/vcuda and .whl/deps, which the image copies:
+    inside, every source change would change the copied layer and reinstall everything."""
+    assert build._stamp(Path("/r/.whl/vcuda")) == Path("/r/.whl/vcuda.key")

@@ -32,6 +32,7 @@ import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 REPO = Path(__file__).resolve().parents[2]
 CONTAINERFILE = REPO / "deploy" / "image" / "Containerfile"
@@ -209,8 +210,7 @@ def rootfs_python(tarball: Path) -> str | None:
 class Runner:
     """Runs commands, echoing them; failures become BuildError with the command's last output."""
 
-    log: object = field(default_factory=lambda: sys.stderr)
-    quiet: bool = False
+    log: TextIO = field(default_factory=lambda: sys.stderr)
 
     def say(self, text: str) -> None:
         print(f"build: {text}", file=self.log, flush=True)
@@ -219,9 +219,7 @@ class Runner:
                  capture: bool = False, what: str = "") -> subprocess.CompletedProcess[str]:
         if not capture:
             self.say("$ " + " ".join(cmd))
-        out = subprocess.run(list(cmd), env=env, text=True,
-                             stdout=subprocess.PIPE if capture or self.quiet else None,
-                             stderr=subprocess.PIPE if capture or self.quiet else None)
+        out = subprocess.run(list(cmd), env=env, text=True, capture_output=capture)
         if check and out.returncode != 0:
             tail = ((out.stdout or "") + (out.stderr or ""))[-4000:]
             raise BuildError(f"{what or cmd[0]} failed (exit {out.returncode}): {' '.join(cmd)}\n{tail}".rstrip())
@@ -419,6 +417,9 @@ def main(argv: Sequence[str] | None = None, run: Runner | None = None) -> int:
             run(builder.push(args.tag), what=f"pushing {args.tag}")
     except BuildError as exc:
         print(f"build: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:   # the cache or .whl/ not writable, a builder gone missing
+        print(f"build: error: {exc} (the base's cache is $VCUDA_TOOL_CACHE, now {tool_cache()})", file=sys.stderr)
         return 1
     run.say(f"built {args.tag} in {time.monotonic() - started:.0f} s")
     return 0

@@ -220,3 +220,12 @@ def test_wheel_stamps_stay_out_of_the_image(build: ModuleType) -> None:
     """The stamps that say "up to date" sit beside .whl/vcuda and .whl/deps, which the image copies:
     inside, every source change would change the copied layer and reinstall everything."""
     assert build._stamp(Path("/r/.whl/vcuda")) == Path("/r/.whl/vcuda.key")
+
+
+def test_an_unwritable_cache_is_a_clear_error(build: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(build.shutil, "which", lambda name: f"/usr/bin/{name}")
+    (tmp_path / "not-a-dir").write_text("")
+    monkeypatch.setenv("VCUDA_TOOL_CACHE", str(tmp_path / "not-a-dir"))
+    assert build.main(["--offline", "--builder", "podman"], run=FakeRunner()) == 1
+    assert "the base's cache is $VCUDA_TOOL_CACHE" in capsys.readouterr().err

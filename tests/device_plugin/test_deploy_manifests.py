@@ -368,6 +368,7 @@ def test_example_pods_use_the_codes_names() -> None:
     assert inference["metadata"]["annotations"][priority] == "high"
     assert limits_of(inference)[names.core_resource] < 100  # priority is for a shared GPU
     assert limits_of(example("vgpu-whole")) == {names.core_resource: 100}
+    assert limits_of(example("vgpu-try")) == {names.core_resource: 30, names.memory_resource: 16}   # README's
     assert limits_of(example("pgpu")) == {PGPU_RESOURCE: 2}
     mps = example("mps")
     assert limits_of(mps) == {MPS_RESOURCE: 25}

@@ -88,14 +88,33 @@ def _template(args: tuple[str, ...], kube: str) -> str:
     return out.stdout
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML as the API server's decoder reads it: a key given twice in one mapping is an error."""
+
+
+def _mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    keys = [loader.construct_object(key) for key, _ in node.value]
+    twice = sorted({str(k) for k in keys if keys.count(k) > 1})
+    if twice:
+        raise yaml.constructor.ConstructorError(None, None, f"keys given twice: {twice}", node.start_mark)
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def objects(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.load_all(text, Loader=_StrictLoader) if d is not None]
+
+
 def render(combination: str = "full", kube: str = KUBE_VERSIONS[0]) -> list[dict[str, Any]]:
     """The objects `helm template` renders for a documented combination (a fresh copy each call)."""
-    return [d for d in yaml.safe_load_all(_template(COMBINATIONS[combination], kube)) if d is not None]
+    return objects(_template(COMBINATIONS[combination], kube))
 
 
 def render_args(*args: str, kube: str = KUBE_VERSIONS[0]) -> list[dict[str, Any]]:
     """The objects for ad hoc `helm template` arguments."""
-    return [d for d in yaml.safe_load_all(_template(tuple(args), kube)) if d is not None]
+    return objects(_template(tuple(args), kube))
 
 
 def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:

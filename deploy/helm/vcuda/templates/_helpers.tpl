@@ -25,6 +25,12 @@ app.kubernetes.io/name: {{ printf "%s-%s" (include "vcuda.fullname" $root) (inde
 app.kubernetes.io/instance: {{ $root.Release.Name }}
 {{- end -}}
 
+{{/* Labels of one component's objects: the common ones and its name. */}}
+{{- define "vcuda.componentLabels" -}}
+{{ include "vcuda.labels" (index . 0) }}
+app.kubernetes.io/name: {{ printf "%s-%s" (include "vcuda.fullname" (index . 0)) (index . 1) }}
+{{- end -}}
+
 {{- define "vcuda.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
@@ -50,12 +56,12 @@ app.kubernetes.io/instance: {{ $root.Release.Name }}
 {{- join "," $r -}}
 {{- end -}}
 
-{{/* imagePullSecrets of a pod spec, when any. */}}
+{{/* imagePullSecrets of a pod spec, when any ("" otherwise). */}}
 {{- define "vcuda.pullSecrets" -}}
-{{- with .Values.imagePullSecrets }}
+{{- with .Values.imagePullSecrets -}}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
-{{- end }}
+{{- end -}}
 {{- end -}}
 
 {{/*

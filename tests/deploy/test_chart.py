@@ -138,6 +138,7 @@ def test_bad_values_are_refused_with_the_value_named() -> None:
         (("--set", "devicePlugin.vgpu.enable=true"), "enable"),
         (("--set", "extender.enabled=false"), "extender.enabled"),
         (("--set", "scheduler.enabled=false"), "scheduler.enabled"),
+        (("--set", "dra.enabled=true", "--kube-version", "1.33.4"), "Kubernetes 1.34"),
     ]:
         out = run_helm("template", "vcuda", str(CHART), "--kube-version", KUBE_VERSIONS[0], *args)
         assert out.returncode != 0 and needle in out.stderr, (args, out.stderr)

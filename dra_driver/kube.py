@@ -2,7 +2,8 @@
 
 Raw JSON (``_preload_content=False``), so objects keep the shape the API server
 sends, whatever resource.k8s.io fields the installed client has models for.
-These are exactly the calls deploy/dra/rbac.yaml grants (a test checks both ways):
+These are exactly the calls the Helm chart grants the driver
+(deploy/helm/vcuda/templates/dra-driver.yaml; a test checks both ways):
 
     resourceclaims  get                          prepare reads the claim's allocation
     pods            get                          the claim's pod, for its container names (monitoring)

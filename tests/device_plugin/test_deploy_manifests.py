@@ -1,5 +1,6 @@
-"""deploy/device-plugin manifests parse and agree with the code: resource and annotation
-names, the agent's flags and defaults, mounts, the init step, RBAC, the CRL ConfigMaps."""
+"""The node agent's objects, as the Helm chart renders them, agree with the code: resource and
+annotation names, the agent's flags and defaults, mounts, the init step, RBAC, the CRL ConfigMaps;
+and the example pods (deploy/examples/device-plugin) use the code's names."""
 
 from __future__ import annotations
 
@@ -13,18 +14,20 @@ from typing import Any
 
 import pytest
 import yaml
+from helm_chart import CHART, NAMESPACE, config_map_file, find, render
 from k8s_schema import schema_problem
 
 from kube_contract.names import Names
 from py_vcuda import native
 
 REPO = Path(__file__).resolve().parents[2]
-DEPLOY = REPO / "deploy" / "device-plugin"
+EXAMPLES = REPO / "deploy" / "examples" / "device-plugin"
 MODES = ("vgpu", "pgpu", "mps")
 METRICS_PORT = 9394
 # The agent's flags (DESIGN.md `vcuda device-plugin`, device_plugin.config).
 FLAGS = ("--mode", "--device-plugin-dir", "--pod-resources-socket", "--state-dir", "--config",
-         "--metrics-port", "--node-name", "--features-file", "--host-lib-dir", "--mig-strategy", "--mig-config")
+         "--metrics-port", "--node-name", "--features-file", "--host-lib-dir", "--mig-strategy", "--mig-config",
+         "--device-list-strategy", "--resource-domain", "--annotation-prefix", "--allow-opt-out-namespaces")
 PGPU_RESOURCE = "nvidia.com/gpu"
 MPS_RESOURCE = "nvidia.com/mps-core"
 
@@ -33,10 +36,14 @@ def load(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
 
 
-def daemonset(mode: str) -> dict[str, Any]:
-    (ds,) = load(DEPLOY / f"daemonset-{mode}.yaml")
-    assert ds["kind"] == "DaemonSet"
-    return ds
+def agent_objects(combination: str = "full") -> list[dict[str, Any]]:
+    """The chart's objects for the node agent (its templates device-plugin-*.yaml, resource-limitations.yaml)."""
+    return [d for d in render(combination) if "device-plugin" in d["metadata"]["name"] or
+            d["metadata"]["name"].startswith("cf-crl-") or d["metadata"]["name"].endswith("-mig-parted-config")]
+
+
+def daemonset(mode: str, combination: str = "full") -> dict[str, Any]:
+    return find(render(combination), "DaemonSet", f"-device-plugin-{mode}")
 
 
 def pod_spec(ds: dict[str, Any]) -> dict[str, Any]:
@@ -61,21 +68,16 @@ def host_paths(ds: dict[str, Any]) -> dict[str, str]:
     return {v["name"]: v["hostPath"]["path"] for v in pod_spec(ds)["volumes"] if "hostPath" in v}
 
 
-def test_every_manifest_parses_and_names_itself() -> None:
-    files = sorted(f for f in DEPLOY.rglob("*.yaml") if f.name != "kustomization.yaml")
-    assert len(files) >= 8
-    for f in files:
-        for doc in load(f):
-            assert doc["apiVersion"] and doc["kind"], f
-            assert doc["metadata"]["name"], f
-
-
-def test_every_manifest_fits_the_kubernetes_schema() -> None:
-    for f in sorted(DEPLOY.rglob("*.yaml")):
-        if f.name == "kustomization.yaml":
-            continue   # kustomize's, not the API server's (tests/deploy renders them)
-        for doc in load(f):
-            assert schema_problem(doc) is None, f"{f}: {schema_problem(doc)}"
+def test_every_object_and_example_names_itself_and_fits_the_kubernetes_schema() -> None:
+    """The kubernetes client's round trip (tests/deploy validates the chart against the API schemas too)."""
+    docs = agent_objects()
+    assert {d["kind"] for d in docs} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet",
+                                         "ConfigMap"}
+    examples = [(f, d) for f in sorted(EXAMPLES.glob("*.yaml")) for d in load(f)]
+    assert len(examples) >= 5
+    for where, doc in [*(("chart", d) for d in docs), *examples]:
+        assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"], where
+        assert schema_problem(doc) is None, f"{where}: {schema_problem(doc)}"
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -90,6 +92,7 @@ def test_daemonset_args_are_the_agents_flags(mode: str) -> None:
     assert values["--metrics-port"] == str(METRICS_PORT)
     assert ("--host-lib-dir" in values) == (mode == "vgpu")  # only vgpu containers get libvcuda
     assert ("--mig-config" in values) == ("--mig-strategy" in values) == (mode == "pgpu")  # MIG: pgpu only
+    assert values["--device-list-strategy"] == "envvar"
     assert pod_spec(ds)["nodeSelector"] == {"vcuda.io/device-plugin": mode}
     assert ds["metadata"]["name"] == f"vcuda-device-plugin-{mode}"
 
@@ -110,6 +113,21 @@ def test_daemonset_args_pass_the_agents_parser(mode: str) -> None:
         assert getattr(cfg, name) == defaults[name]  # the manifest spells out the defaults
     for flag in FLAGS:
         assert flag in parser.format_help()
+
+
+def test_chart_values_reach_the_agents_config() -> None:
+    """resourceDomain, annotationPrefix, allowOptOutNamespaces, deviceListStrategy: as the agent parses them."""
+    cli = pytest.importorskip("device_plugin.cli")
+    config = pytest.importorskip("device_plugin.config")
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = [a.replace("$(NODE_NAME)", "node-1") for a in agent(daemonset("vgpu", "vgpu-only-renamed"))["args"]]
+    cfg = config.from_args(parser.parse_args(args), env={})
+    assert (cfg.resource_domain, cfg.annotation_prefix) == ("example.com", "gpu.example.com")
+    assert cfg.allow_opt_out_namespaces == frozenset({"ml-dev", "ci"})
+    assert list(cfg.device_list_strategy) == ["cdi-cri"]
+    assert [d["metadata"]["name"] for d in render("vgpu-only-renamed") if d["kind"] == "DaemonSet"] == \
+        ["vcuda-device-plugin-vgpu"]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -242,7 +260,8 @@ def agent_api_calls() -> set[tuple[str, str]]:
 
 
 def test_rbac_grants_what_the_agent_calls() -> None:
-    docs = {d["kind"]: d for d in load(DEPLOY / "rbac.yaml")}
+    docs = {d["kind"]: d for d in agent_objects() if d["kind"] in ("ServiceAccount", "ClusterRole",
+                                                                   "ClusterRoleBinding")}
     granted = {(res, verb) for r in docs["ClusterRole"]["rules"] for res in r["resources"]
                for verb in r["verbs"]}
     used = agent_api_calls()
@@ -261,10 +280,10 @@ def test_rbac_grants_what_the_agent_calls() -> None:
 def test_mig_config_map_is_mounted_where_the_flag_points_and_parses() -> None:
     from node_state.mig import parse_layouts
 
-    (cm,) = load(DEPLOY / "mig-parted-config.yaml")
+    cm = find(render(), "ConfigMap", "-mig-parted-config")
     ds = daemonset("pgpu")
     volume = next(v for v in pod_spec(ds)["volumes"] if v.get("configMap"))
-    assert volume["configMap"]["name"] == cm["metadata"]["name"] and cm["metadata"]["namespace"] == "kube-system"
+    assert volume["configMap"]["name"] == cm["metadata"]["name"] and cm["metadata"]["namespace"] == NAMESPACE
     mount = next(m for m in agent(ds)["volumeMounts"] if m["name"] == volume["name"])
     assert "subPath" not in mount   # a subPath mount would never see an edited ConfigMap
     path = Path(flag_values(agent(ds))["--mig-config"])
@@ -275,11 +294,11 @@ def test_mig_config_map_is_mounted_where_the_flag_points_and_parses() -> None:
 
 def test_topology_annotation_is_the_one_rbac_allows_patching() -> None:
     assert Names().topology == "vcuda.io/gpu-topology"
-    assert Names().topology in (DEPLOY / "rbac.yaml").read_text()
+    assert Names().topology in (CHART / "templates" / "device-plugin-rbac.yaml").read_text()
 
 
 def crl() -> dict[str, dict[str, Any]]:
-    return {d["data"]["key"]: d for d in load(DEPLOY / "resource-limitations.yaml")}
+    return {d["data"]["key"]: d for d in render() if d["metadata"]["name"].startswith("cf-crl-")}
 
 
 def test_resource_limitation_configmaps() -> None:
@@ -291,9 +310,8 @@ def test_resource_limitation_configmaps() -> None:
         assert cm["kind"] == "ConfigMap"
         assert meta["namespace"] == "kube-public"
         assert meta["name"] == f"cf-crl-gpu-manager-{key.split('/')[1]}"
-        assert meta["labels"] == {"features.alauda.io/type": "CustomResourceLimitation",
-                                  "features.alauda.io/group": "gpu-manager",
-                                  "features.alauda.io/enabled": "true"}
+        assert {"features.alauda.io/type": "CustomResourceLimitation", "features.alauda.io/group": "gpu-manager",
+                "features.alauda.io/enabled": "true"}.items() <= meta["labels"].items()
         assert data["dataType"] == "integer" and data["defaultValue"].isdigit()
         assert data["descriptionEn"].strip() and data["descriptionZh"].strip()
         assert all(isinstance(v, str) for v in data.values())  # ConfigMap data is strings only
@@ -309,7 +327,7 @@ def test_resource_limitation_configmaps() -> None:
 
 
 def test_extender_scheduler_config_covers_the_vgpu_resources() -> None:
-    (cfg,) = load(REPO / "deploy" / "extender" / "scheduler-config.yaml")
+    cfg = config_map_file(render(), "-scheduler-config", "config.yaml")
     (ext,) = cfg["extenders"]
     managed = {r["name"] for r in ext["managedResources"]}
     names = Names()
@@ -322,7 +340,7 @@ def limits_of(pod: dict[str, Any]) -> dict[str, int]:
 
 
 def example(name: str) -> dict[str, Any]:
-    (pod,) = load(DEPLOY / "examples" / f"{name}.yaml")
+    (pod,) = load(EXAMPLES / f"{name}.yaml")
     assert pod["kind"] == "Pod"
     return pod
 
@@ -350,6 +368,7 @@ def test_example_pods_use_the_codes_names() -> None:
     assert inference["metadata"]["annotations"][priority] == "high"
     assert limits_of(inference)[names.core_resource] < 100  # priority is for a shared GPU
     assert limits_of(example("vgpu-whole")) == {names.core_resource: 100}
+    assert limits_of(example("vgpu-try")) == {names.core_resource: 30, names.memory_resource: 16}   # README's
     assert limits_of(example("pgpu")) == {PGPU_RESOURCE: 2}
     mps = example("mps")
     assert limits_of(mps) == {MPS_RESOURCE: 25}

@@ -1,7 +1,8 @@
-"""deploy/dra manifests fit the Kubernetes schemas (kustomize renders them: tests/deploy) and agree
-with the code: the driver's flags and defaults, host paths, driver and capacity names, the opaque
-config, and RBAC, which must grant exactly the calls the driver makes (read from its code, and seen
-at a fake API server)."""
+"""The DRA driver's objects, as the Helm chart renders them (dra.enabled=true; tests/deploy validates
+them against the API schemas), and the examples under deploy/examples/dra agree with the code: the
+driver's flags and defaults, host paths, driver and capacity names, the opaque config, and RBAC,
+which must grant exactly the calls the driver makes (read from its code, and seen at a fake API
+server)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from helm_chart import find, render, render_args
 from k8s_schema import schema_problem
 
 from dra_driver import config, names
@@ -18,7 +20,7 @@ from dra_driver.claims import parse_claim, plan
 from dra_driver.testing import NODE
 
 REPO = Path(__file__).resolve().parents[2]
-DEPLOY = REPO / "deploy" / "dra"
+EXAMPLES = REPO / "deploy" / "examples" / "dra"
 FLAGS = {"--" + o.name.replace("_", "-") for o in config.OPTIONS}
 
 
@@ -26,8 +28,14 @@ def load(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
 
 
-def manifests() -> list[tuple[Path, dict[str, Any]]]:
-    return [(f, d) for f in sorted(DEPLOY.rglob("*.yaml")) if f.name != "kustomization.yaml" for d in load(f)]
+def chart_objects() -> list[dict[str, Any]]:
+    """The chart's objects for the driver (template dra-driver.yaml, dra-deviceclasses.yaml)."""
+    return [d for d in render("full") if "dra-driver" in d["metadata"]["name"] or d["kind"] == "DeviceClass"]
+
+
+def manifests() -> list[tuple[Path | str, dict[str, Any]]]:
+    return [*(("chart", d) for d in chart_objects()), *((f, d) for f in sorted(EXAMPLES.glob("*.yaml"))
+                                                        for d in load(f))]
 
 
 def only(kind: str, path: Path) -> dict[str, Any]:
@@ -35,8 +43,8 @@ def only(kind: str, path: Path) -> dict[str, Any]:
     return doc
 
 
-def daemonset() -> dict[str, Any]:
-    return only("DaemonSet", DEPLOY / "daemonset.yaml")
+def daemonset(combination: str = "full") -> dict[str, Any]:
+    return find(render(combination), "DaemonSet", "-dra-driver")
 
 
 def driver_container(ds: dict[str, Any]) -> dict[str, Any]:
@@ -62,14 +70,27 @@ def test_daemonset_args_pass_the_drivers_parser_with_its_defaults() -> None:
     config.add_arguments(parser)
     cfg = config.from_args(parser.parse_args([a.replace("$(NODE_NAME)", "node-1") for a in c["args"]]), env={})
     defaults = {o.name: o.default for o in config.OPTIONS}
-    for name in ("plugin_dir", "registry_dir", "cdi_dir", "state_dir", "host_lib_dir", "metrics_port"):
-        assert getattr(cfg, name) == defaults[name], name   # the manifest spells out the defaults
+    for name in ("plugin_dir", "registry_dir", "cdi_dir", "state_dir", "host_lib_dir", "metrics_port", "mig"):
+        assert getattr(cfg, name) == defaults[name], name   # the chart spells out the defaults
     assert cfg.node_name == "node-1"
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     ann = daemonset()["spec"]["template"]["metadata"]["annotations"]
     assert ann["prometheus.io/port"] == str(cfg.metrics_port)
     assert {"name": "metrics", "containerPort": cfg.metrics_port} in c["ports"]
+
+
+def test_chart_values_reach_the_drivers_config() -> None:
+    """dra.mig and allowOptOutNamespaces, as the driver parses them."""
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    (c,) = daemonset("dra-only-dynamic-mig")["spec"]["template"]["spec"]["containers"]
+    cfg = config.from_args(parser.parse_args([a.replace("$(NODE_NAME)", "node-1") for a in c["args"]]), env={})
+    assert cfg.mig == config.DYNAMIC
+    args = ("--set", "dra.enabled=true,allowOptOutNamespaces={ml-dev}")
+    (c,) = find(render_args(*args), "DaemonSet", "-dra-driver")["spec"]["template"]["spec"]["containers"]
+    cfg = config.from_args(parser.parse_args([a.replace("$(NODE_NAME)", "node-1") for a in c["args"]]), env={})
+    assert cfg.allow_opt_out_namespaces == frozenset({"ml-dev"})
 
 
 def test_host_paths_are_mounted_where_the_flags_point() -> None:
@@ -87,7 +108,7 @@ def test_host_paths_are_mounted_where_the_flags_point() -> None:
 
 def test_same_privileges_pid_namespace_and_init_step_as_the_vgpu_device_plugin() -> None:
     ds = daemonset()
-    (vgpu,) = load(REPO / "deploy" / "device-plugin" / "daemonset-vgpu.yaml")
+    vgpu = find(render("full"), "DaemonSet", "-device-plugin-vgpu")
     assert ds["spec"]["template"]["spec"]["initContainers"] == vgpu["spec"]["template"]["spec"]["initContainers"]
     assert ds["spec"]["template"]["spec"]["hostPID"] is vgpu["spec"]["template"]["spec"]["hostPID"] is True
     sc = driver_container(ds)["securityContext"]
@@ -97,7 +118,7 @@ def test_same_privileges_pid_namespace_and_init_step_as_the_vgpu_device_plugin()
 
 
 def test_device_classes_select_the_driver() -> None:
-    classes = {d["metadata"]["name"]: d for d in load(DEPLOY / "deviceclasses.yaml")}
+    classes = {d["metadata"]["name"]: d for d in chart_objects() if d["kind"] == "DeviceClass"}
     assert set(classes) == {"gpu-share.vcuda.io", "gpu.vcuda.io", "mig.vcuda.io"}
     for name, cls in classes.items():
         (selector,) = cls["spec"]["selectors"]
@@ -128,25 +149,23 @@ def test_example_templates_ask_for_what_their_comments_say() -> None:
     from py_vcuda.sim import GiB
 
     card = gpu(0, memory=80 * GiB)
-    share = only("ResourceClaimTemplate", DEPLOY / "examples" / "share-30-cores-8gi.yaml")
+    share = only("ResourceClaimTemplate", EXAMPLES / "share-30-cores-8gi.yaml")
     (request,) = share["spec"]["spec"]["devices"]["requests"]
     assert request["exactly"]["deviceClassName"] == "gpu-share.vcuda.io"
     assert request["exactly"]["capacity"]["requests"] == {names.CORES: "30", names.MEMORY: "8Gi"}
     (s,) = plan(parse_claim(allocated(share, "30", "8Gi")), lambda r: card)
     assert (s.core_request, s.core_limit, s.memory_limit) == (30, 60, 8 * GiB)
-    whole = only("ResourceClaimTemplate", DEPLOY / "examples" / "whole-gpu.yaml")
+    whole = only("ResourceClaimTemplate", EXAMPLES / "whole-gpu.yaml")
     (request,) = whole["spec"]["spec"]["devices"]["requests"]
     assert request["exactly"]["deviceClassName"] == "gpu.vcuda.io" and "capacity" not in request["exactly"]
     (w,) = plan(parse_claim(allocated(whole, "100", str(80 * GiB))), lambda r: card)
     assert (w.core_request, w.memory_limit, w.fractional) == (100, None, False)
-    mig = only("ResourceClaimTemplate", DEPLOY / "examples" / "mig-1g-10gb.yaml")
+    mig = only("ResourceClaimTemplate", EXAMPLES / "mig-1g-10gb.yaml")
     (request,) = mig["spec"]["spec"]["devices"]["requests"]
     assert request["exactly"]["deviceClassName"] == "mig.vcuda.io" and "capacity" not in request["exactly"]
     (selector,) = request["exactly"]["selectors"]
     assert selector["cel"]["expression"] == f'device.attributes["{names.DRIVER}"].profile == "1g.10gb"'
-    for f in (DEPLOY / "examples").glob("*.yaml"):
-        if f.name == "kustomization.yaml":
-            continue
+    for f in EXAMPLES.glob("*.yaml"):
         pod = only("Pod", f)
         template = only("ResourceClaimTemplate", f)
         (claim,) = pod["spec"]["resourceClaims"]
@@ -165,7 +184,7 @@ VERBS = {"read": "get", "replace": "update"}
 
 
 def granted() -> set[tuple[str, str, str]]:
-    role = only("ClusterRole", DEPLOY / "rbac.yaml")
+    role = find(chart_objects(), "ClusterRole", "-dra-driver")
     return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
             for v in rule["verbs"]}
 
@@ -186,7 +205,7 @@ def test_rbac_grants_exactly_what_the_driver_calls() -> None:
     # the calls this test must find, so that a change in how the code is written cannot make it vacuous
     assert {("resource.k8s.io", "resourceclaims", "get"), ("resource.k8s.io", "resourceslices", "create")} <= used
     assert granted() == used, f"granted, not called: {granted() - used}; called, not granted: {used - granted()}"
-    docs = {d["kind"]: d for d in load(DEPLOY / "rbac.yaml")}
+    docs = {d["kind"]: d for d in chart_objects() if d["kind"] in ("ServiceAccount", "ClusterRoleBinding")}
     sa = docs["ServiceAccount"]["metadata"]
     (subject,) = docs["ClusterRoleBinding"]["subjects"]
     assert (subject["name"], subject["namespace"]) == (sa["name"], sa["namespace"])

@@ -16,8 +16,10 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-DASHBOARDS = REPO / "deploy" / "dashboards"
-ALERTS = REPO / "deploy" / "prometheus" / "vcuda-alerts.yaml"
+# What the Helm chart installs (files/dashboards written by deploy/dashboards/generate.py).
+DASHBOARDS = REPO / "deploy" / "helm" / "vcuda" / "files" / "dashboards"
+GENERATOR = REPO / "deploy" / "dashboards" / "generate.py"
+ALERTS = REPO / "deploy" / "helm" / "vcuda" / "files" / "alerts" / "vcuda-alerts.yaml"
 
 
 @dataclass(frozen=True)

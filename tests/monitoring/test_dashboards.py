@@ -9,11 +9,20 @@ import subprocess
 import sys
 
 import pytest
-from monitoring.promql import ALERTS, DASHBOARDS, alert_exprs, dashboard_exprs, dashboard_files, substitute
+from monitoring.promql import (
+    ALERTS,
+    DASHBOARDS,
+    GENERATOR,
+    REPO,
+    alert_exprs,
+    dashboard_exprs,
+    dashboard_files,
+    substitute,
+)
 
 
 def test_generated_files_are_current() -> None:
-    proc = subprocess.run([sys.executable, str(DASHBOARDS / "generate.py"), "--check"], capture_output=True,
+    proc = subprocess.run([sys.executable, str(GENERATOR), "--check"], capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stderr
 
@@ -47,7 +56,7 @@ def test_dashboard_model(name: str, variables: list[str]) -> None:
 def test_every_metric_in_a_query_is_documented() -> None:
     import re
 
-    documented = (DASHBOARDS.parents[1] / "node_state" / "METRICS.md").read_text()
+    documented = (REPO / "node_state" / "METRICS.md").read_text()
     exprs = [e.promql for e in dashboard_exprs()] + list(alert_exprs().values())
     names = {m.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
              for e in exprs for m in re.findall(r"vcuda_[a-z_]+", e)}

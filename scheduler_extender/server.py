@@ -30,7 +30,7 @@ def tune_gc() -> None:
     gc.set_threshold(100_000, 50, 1000)
 
 
-def parse_listen(addr: str) -> tuple[str, int]:
+def parse_listen(addr: str, flag: str = "--listen") -> tuple[str, int]:
     """``:8888``, ``0.0.0.0:8888``, ``[::]:8888`` or ``8888`` -> (host, port)."""
     host, sep, port = addr.rpartition(":")
     if not sep:
@@ -39,9 +39,9 @@ def parse_listen(addr: str) -> tuple[str, int]:
     try:
         number = int(port)
     except ValueError:
-        raise ValueError(f"--listen {addr!r}: port {port!r} is not a number") from None
+        raise ValueError(f"{flag} {addr!r}: port {port!r} is not a number") from None
     if not 0 <= number <= 65535:
-        raise ValueError(f"--listen {addr!r}: port {number} is out of range")
+        raise ValueError(f"{flag} {addr!r}: port {number} is out of range")
     return host, number
 
 

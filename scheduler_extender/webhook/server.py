@@ -11,17 +11,18 @@ off after `IO_TIMEOUT` seconds; one bad connection never stops the server.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import ssl
+import sys
 import tempfile
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from ..server import JsonHandler
 from .certs import Material
 from .mutate import BadReview, Notice, Rules, decide, parse
 
@@ -74,14 +75,11 @@ class WebhookServer(ThreadingHTTPServer):
         return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        import sys
-
         exc = sys.exc_info()[1]
         log.info("webhook connection from %s ended: %s", client_address[0] if client_address else "?", exc)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"   # the API server keeps connections alive
+class _Handler(JsonHandler):
     server: WebhookServer
 
     def setup(self) -> None:
@@ -130,14 +128,3 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
                            "message": message, "code": code})
         self.close_connection = True   # a body left unread must not be taken for the next request
-
-    def _reply(self, code: int, payload: Any) -> None:
-        data = json.dumps(payload, separators=(",", ":")).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        log.debug("%s " + format, self.address_string(), *args)

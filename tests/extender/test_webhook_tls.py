@@ -295,3 +295,17 @@ def test_dir_store_made_once_and_reused(tmp_path: Path) -> None:
     (tmp_path / "certs" / "tls.crt").write_bytes(b"changed")
     with pytest.raises(Conflict):
         store.save(entries, version)
+
+
+def test_a_replica_adopts_the_rotation_another_replica_wrote(fake_api, core) -> None:
+    clock = Clock(T0)
+    a_loaded: list[certs.Material] = []
+    b_loaded: list[certs.Material] = []
+    a = manager(core, clock, on_material=a_loaded.append)
+    b = manager(core, clock, on_material=b_loaded.append)
+    assert a.check() == b.check()
+    clock.now = T0 + 340 * DAY
+    rotated = a.check()
+    writes = sum(r.method in ("POST", "PUT") for r in fake_api.requests)
+    assert b.check() == rotated and b_loaded == a_loaded == [a_loaded[0], rotated]
+    assert sum(r.method in ("POST", "PUT") for r in fake_api.requests) == writes   # b wrote nothing

@@ -10,10 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
+
+from kube_contract.events import EventRecorder
 from kube_contract.names import Names
 
 from .certs import hosts
 from .mutate import Rules
+from .notify import Notifier
+from .rotation import CaBundlePatcher, CertManager
+from .server import TlsContext, WebhookServer
+from .stores import DirStore, SecretStore, Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +68,6 @@ class Webhook:
     """The running webhook: its certificate manager, notifier and HTTPS server (on a thread)."""
 
     def __init__(self, cfg: Settings, api_client: Any | None) -> None:
-        from kubernetes import client
-
-        from kube_contract.events import EventRecorder
-
-        from .notify import Notifier
-        from .rotation import CaBundlePatcher, CertManager
-        from .server import TlsContext, WebhookServer
-        from .stores import DirStore, SecretStore, Store
-
         core = client.CoreV1Api(api_client) if api_client is not None else None
         store: Store
         if cfg.secret is not None:
@@ -93,8 +91,6 @@ class Webhook:
 
     def start(self) -> None:
         """First TLS pass (raises StoreError when the store cannot give a certificate), then serve."""
-        from .stores import StoreError
-
         try:
             self.certs.check()
         except StoreError as exc:

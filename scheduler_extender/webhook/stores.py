@@ -83,6 +83,7 @@ class SecretStore:
                 # makes the API server refuse it (409) if another replica wrote first.
                 body = dict(self._stored or {})
                 body["metadata"] = dict(body.get("metadata") or {}, resourceVersion=version)
+                body["metadata"].pop("managedFields", None)   # the API server keeps its own
                 body["data"] = dict(body.get("data") or {}) | data
                 self.api.replace_namespaced_secret(self.name, self.namespace, body, _preload_content=False,
                                                    _request_timeout=self.timeout)

@@ -2,7 +2,8 @@
 shows them: one body for every Event the node daemons write.
 
 The node daemons record what they did to a pod's processes (node_state.quota_guard) and a MIG
-layout that failed on their Node (device_plugin.mig_config).
+layout that failed on their Node (device_plugin.mig_config); the extender's admission webhook, a
+pod it leaves alone (on the pod, or its controller: scheduler_extender.webhook.notify).
 A post goes out on the recorder's own thread: a slow or absent API server must not
 hold up the caller (the memory reconciler's pass), and an Event that cannot be
 posted is logged, not retried: the log line and the metric already say it.
@@ -48,10 +49,26 @@ class NodeRef:
         return {"apiVersion": "v1", "kind": "Node", "name": self.name, "uid": self.uid or self.name}
 
 
+@dataclass(frozen=True)
+class ObjectRef:
+    """Any namespaced object, e.g. a pod's controller from its ownerReferences (which carry the uid)."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+
+    def involved(self) -> dict[str, str]:
+        return {"apiVersion": self.api_version, "kind": self.kind, "namespace": self.namespace, "name": self.name,
+                "uid": self.uid}
+
+
+Ref = PodRef | NodeRef | ObjectRef
 MESSAGE_LIMIT = 1024   # the API server refuses longer Event messages
 
 
-def event_body(obj: PodRef | NodeRef, reason: str, message: str, *, component: str, host: str,
+def event_body(obj: Ref, reason: str, message: str, *, component: str, host: str,
                kind: str = WARNING) -> dict[str, Any]:
     """A core/v1 Event about `obj`; its name is unique (object name and a time in ns, as kubectl's are)."""
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -78,8 +95,8 @@ class EventRecorder:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def warn(self, pod: PodRef, reason: str, message: str) -> None:
-        """Queue a Warning Event on the pod; returns at once."""
+    def warn(self, pod: Ref, reason: str, message: str) -> None:
+        """Queue a Warning Event on the pod (or another object); returns at once."""
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="event-recorder", daemon=True)
@@ -87,8 +104,8 @@ class EventRecorder:
         try:
             self._queue.put_nowait(event_body(pod, reason, message, component=self.component, host=self.host))
         except queue.Full:
-            log.warning("Event %s on pod %s/%s dropped: %d Events are waiting for the API server", reason,
-                        pod.namespace, pod.name, QUEUE_LIMIT)
+            log.warning("Event %s on %s %s/%s dropped: %d Events are waiting for the API server", reason,
+                        pod.involved()["kind"], pod.namespace, pod.name, QUEUE_LIMIT)
 
     def stop(self) -> None:
         """Post what is queued (each within its timeout), then end the thread."""
@@ -109,5 +126,5 @@ class EventRecorder:
             api.create_namespaced_event(namespace, body, _preload_content=False, _request_timeout=self.timeout)
         except Exception as exc:   # ApiException, or urllib3's several types when the server is away
             why = api_message(exc) if isinstance(exc, ApiException) else str(exc)
-            log.warning("Event %s on pod %s/%s not recorded: %s", body["reason"], namespace,
-                        body["involvedObject"]["name"], why)
+            log.warning("Event %s on %s %s/%s not recorded: %s", body["reason"], body["involvedObject"]["kind"],
+                        namespace, body["involvedObject"]["name"], why)

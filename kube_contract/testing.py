@@ -17,6 +17,11 @@ the DRA driver (dra_driver.kube):
 - POST /api/v1/namespaces/NS/pods/NAME/binding sets ``spec.nodeName`` once.
 - POST /api/v1/namespaces/NS/events creates an Event (kept in ``objects["events"]``, key
   ``NS/NAME``; 409 when the name is taken); GET lists them.
+- Secrets: POST /api/v1/namespaces/NS/secrets (create: 409 when the name is taken), GET and PUT
+  (replace: 409 unless ``metadata.resourceVersion`` is the stored one) .../secrets/NAME.
+- admissionregistration.k8s.io/v1: GET, PUT (as for Secrets) and PATCH (``application/json-patch+json``:
+  ``test``, ``add`` and ``replace``; 422 when a test fails) /apis/admissionregistration.k8s.io/v1/
+  mutatingwebhookconfigurations/NAME.
 - resource.k8s.io/v1: GET /apis/resource.k8s.io/v1/namespaces/NS/resourceclaims/NAME;
   /apis/resource.k8s.io/v1/resourceslices: GET (list, ``fieldSelector``), POST (create: 409
   when the name is taken), and per NAME GET, PUT (replace: 409 unless ``metadata.resourceVersion``
@@ -214,8 +219,10 @@ class FakeApiServer:
 
 
 KINDS = {"nodes": "Node", "pods": "Pod", "events": "Event", "resourceclaims": "ResourceClaim",
-         "resourceslices": "ResourceSlice"}
-CLUSTER_SCOPED = ("nodes", "resourceslices")
+         "resourceslices": "ResourceSlice", "secrets": "Secret",
+         "mutatingwebhookconfigurations": "MutatingWebhookConfiguration"}
+CLUSTER_SCOPED = ("nodes", "resourceslices", "mutatingwebhookconfigurations")
+REPLACEABLE = ("resourceslices", "secrets", "mutatingwebhookconfigurations")   # PUT with a resourceVersion
 RESOURCE_API = "resource.k8s.io/v1"
 
 
@@ -236,8 +243,12 @@ def _route(path: str) -> tuple[str, str | None, str | None] | None:
             return kind, None, None
         case ["api", "v1", "nodes", name]:
             return "nodes", name, None
-        case ["api", "v1", "namespaces", _namespace, "events"]:
-            return "events", None, None
+        case ["apis", "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", name]:
+            return "mutatingwebhookconfigurations", name, None
+        case ["api", "v1", "namespaces", _namespace, ("events" | "secrets") as kind]:
+            return kind, None, None
+        case ["api", "v1", "namespaces", namespace, "secrets", name]:
+            return "secrets", f"{namespace}/{name}", None
         case ["api", "v1", "namespaces", namespace, "pods", name]:
             return "pods", f"{namespace}/{name}", None
         case ["api", "v1", "namespaces", namespace, "pods", name, sub]:
@@ -330,11 +341,11 @@ class _Handler(BaseHTTPRequestHandler):
                 response = self._bind(key, body or {})
             case _, "POST", ("resourceslices" as kind, None, None):
                 response = self._create(kind, body or {})
-            case _, "POST", ("events" as kind, None, None):
+            case _, "POST", (("events" | "secrets") as kind, None, None):
                 body = body or {}
                 body.setdefault("metadata", {})["namespace"] = url.path.strip("/").split("/")[3]
                 response = self._create(kind, body)
-            case _, "PUT", ("resourceslices" as kind, str(key), None):
+            case _, "PUT", (kind, str(key), None) if kind in REPLACEABLE:
                 response = self._replace(kind, key, body or {})
             case _, "DELETE", ("resourceslices" as kind, str(key), None):
                 response = self._delete(kind, key)
@@ -356,7 +367,9 @@ class _Handler(BaseHTTPRequestHandler):
         return 200, {"kind": f"{KINDS[kind]}List", "apiVersion": RESOURCE_API if kind.startswith("resource") else "v1",
                      "metadata": {"resourceVersion": str(rv)}, "items": items}
 
-    def _patch(self, kind: str, key: str, content_type: str | None, body: dict[str, Any]) -> Response:
+    def _patch(self, kind: str, key: str, content_type: str | None, body: Any) -> Response:
+        if content_type == "application/json-patch+json" and kind == "mutatingwebhookconfigurations":
+            return self._json_patch(kind, key, body)
         if content_type != "application/merge-patch+json":
             return _failure(415, "UnsupportedMediaType", str(content_type))
         meta = body.get("metadata") or {}
@@ -367,6 +380,28 @@ class _Handler(BaseHTTPRequestHandler):
             if meta.get("uid") and meta["uid"] != obj["metadata"].get("uid"):
                 return _failure(409, "Conflict", "Precondition failed: UID mismatch")
             _merge(obj["metadata"], meta)
+            return 200, self.api.put(kind, obj)
+
+    def _json_patch(self, kind: str, key: str, ops: list[dict[str, Any]]) -> Response:
+        """RFC 6902 test, add and replace on object members and list indexes."""
+        with self.api.lock:
+            obj = self.api.get(kind, key)
+            if obj is None:
+                return _not_found(kind, key)
+            for op in ops:
+                *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+                target: Any = obj
+                try:
+                    for part in parents:
+                        target = target[int(part)] if isinstance(target, list) else target[part]
+                    index: Any = int(last) if isinstance(target, list) else last
+                    if op["op"] == "test" and target[index] != op["value"]:
+                        return _failure(422, "Invalid", f"the server rejected our request due to an error in our "
+                                        f"request: testing path {op['path']!r} failed")
+                    if op["op"] in ("add", "replace"):
+                        target[index] = op["value"]
+                except (KeyError, IndexError, ValueError, TypeError):
+                    return _failure(422, "Invalid", f"path {op['path']!r} does not exist")
             return 200, self.api.put(kind, obj)
 
     def _create(self, kind: str, body: dict[str, Any]) -> Response:

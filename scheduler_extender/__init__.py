@@ -9,6 +9,7 @@ The names and annotation schemas it shares with the device plugin live in
 - ``extender``   kube-scheduler's filter / prioritize / bind semantics
 - ``server``     the HTTP layer
 - ``kube``       API-server list+watch and patch+bind with the official client
+- ``webhook``    the mutating admission webhook (schedulerName for pods asking for vcuda resources, its TLS)
 - ``cli``        flags and wiring
 """
 

@@ -48,6 +48,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="restart each watch after this long (default %(default)s)")
     parser.add_argument("--log-level", default=_env("VCUDA_LOG_LEVEL", "info"),
                         choices=["error", "warn", "info", "debug"])
+    hook = parser.add_argument_group(
+        "admission webhook", "a mutating webhook that sends pods asking for vcuda resources to --scheduler-name; "
+        "served on its own HTTPS port when --webhook-listen is given (README: 'Admission webhook')")
+    hook.add_argument("--webhook-listen", default=None, metavar="ADDR",
+                      help="HTTPS address of the webhook, e.g. :9443; POST /mutate-pods (default: no webhook)")
+    hook.add_argument("--webhook-service", default=None, metavar="SVC.NAMESPACE",
+                      help="the Service the API server calls the webhook through; the serving certificate "
+                           "names SVC, SVC.NAMESPACE, SVC.NAMESPACE.svc and SVC.NAMESPACE.svc.cluster.local")
+    hook.add_argument("--webhook-tls-secret", default=None, metavar="NAMESPACE/NAME",
+                      help="Secret holding the webhook's CA and serving certificate (ca.crt, ca.key, tls.crt, "
+                           "tls.key); created if absent, reused while valid, rotated before expiry")
+    hook.add_argument("--webhook-cert-dir", default=None, metavar="DIR",
+                      help="keep the same files in DIR instead of a Secret (outside Kubernetes)")
+    hook.add_argument("--webhook-configuration", default=None, metavar="NAME",
+                      help="MutatingWebhookConfiguration whose webhooks get the CA bundle as caBundle "
+                           "(checked every minute, re-set when it differs)")
+    hook.add_argument("--scheduler-name", default=_env("VCUDA_SCHEDULER_NAME", "vcuda-scheduler"),
+                      help="schedulerName the webhook sets (env VCUDA_SCHEDULER_NAME; default %(default)s)")
+    hook.add_argument("--webhook-resources", default=None, metavar="LIST",
+                      help="comma list of resources that send a pod to --scheduler-name (default: "
+                           "DOMAIN/vcuda-core,DOMAIN/vcuda-memory with DOMAIN from --resource-domain); "
+                           "add nvidia.com/gpu, nvidia.com/mps-core for the pgpu and mps modes")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,15 +87,33 @@ def run(args: argparse.Namespace) -> int:
         address = parse_listen(args.listen)
         if args.reservation_ttl <= 0 or args.watch_timeout <= 0:
             raise ValueError("--reservation-ttl and --watch-timeout must be > 0")
+        hook = None
+        if args.webhook_listen:
+            from .webhook.app import settings
+            hook = settings(args, names, parse_listen(args.webhook_listen, "--webhook-listen"))
     except ValueError as e:
         print(f"vcuda extender: {e}", file=sys.stderr)
         return 2
     try:
         from kubernetes import client
-        api = client.CoreV1Api(make_api_client(args.kubeconfig, args.context))
+        api_client = make_api_client(args.kubeconfig, args.context)
+        api = client.CoreV1Api(api_client)
     except Exception as e:  # no cluster credentials at all
         print(f"vcuda extender: cannot reach Kubernetes: {e}", file=sys.stderr)
         return 1
+    webhook = None
+    if hook is not None:
+        from .webhook.app import Webhook
+        from .webhook.stores import StoreError
+        try:
+            webhook = Webhook(hook, api_client)
+            webhook.start()
+        except (OSError, StoreError) as e:
+            print(f"vcuda extender: webhook: {e}", file=sys.stderr)
+            return 1
+        log.info("webhook serving on https://%s:%d/mutate-pods (%s -> schedulerName %s)",
+                 *webhook.server.server_address[:2], ",".join(sorted(hook.rules.resources)),
+                 hook.rules.scheduler_name)
 
     state = ClusterState(names, reservation_ttl=args.reservation_ttl)
     syncer = Syncer(api, state, watch_timeout=args.watch_timeout)
@@ -96,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         syncer.stop()
         server.server_close()
+        if webhook is not None:
+            webhook.stop()
     return 0
 
 

@@ -30,7 +30,7 @@ def tune_gc() -> None:
     gc.set_threshold(100_000, 50, 1000)
 
 
-def parse_listen(addr: str) -> tuple[str, int]:
+def parse_listen(addr: str, flag: str = "--listen") -> tuple[str, int]:
     """``:8888``, ``0.0.0.0:8888``, ``[::]:8888`` or ``8888`` -> (host, port)."""
     host, sep, port = addr.rpartition(":")
     if not sep:
@@ -39,9 +39,9 @@ def parse_listen(addr: str) -> tuple[str, int]:
     try:
         number = int(port)
     except ValueError:
-        raise ValueError(f"--listen {addr!r}: port {port!r} is not a number") from None
+        raise ValueError(f"{flag} {addr!r}: port {port!r} is not a number") from None
     if not 0 <= number <= 65535:
-        raise ValueError(f"--listen {addr!r}: port {number} is out of range")
+        raise ValueError(f"{flag} {addr!r}: port {number} is out of range")
     return host, number
 
 
@@ -57,8 +57,25 @@ class ExtenderServer(ThreadingHTTPServer):
         super().__init__(address, _Handler)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # kube-scheduler keeps connections alive
+class JsonHandler(BaseHTTPRequestHandler):
+    """JSON replies on kept-alive HTTP/1.1 connections (kube-scheduler and the API server keep them
+    open); request lines logged at debug level only. The extender's and the webhook's handlers."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _reply(self, code: int, payload: Any) -> None:
+        data = json.dumps(payload, separators=(",", ":")).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("%s " + format, self.address_string(), *args)
+
+
+class _Handler(JsonHandler):
     server: ExtenderServer
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
@@ -99,14 +116,3 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200 if ok else 503, {"status": "ok" if ok else "syncing"})
         else:
             self._reply(404, {"Error": "not found"})
-
-    def _reply(self, code: int, payload: Any) -> None:
-        data = json.dumps(payload, separators=(",", ":")).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        log.debug("%s " + format, self.address_string(), *args)

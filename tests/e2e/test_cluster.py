@@ -1,0 +1,48 @@
+"""The cluster itself: the node reports the version we built, and a pod runs to completion."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import cluster as cluster_tool
+import images
+
+
+def test_node_reports_the_built_version(cluster):
+    node = json.loads(cluster.kubectl("get", "node", cluster_tool.NODE, "-o", "json").stdout)
+    info = node["status"]["nodeInfo"]
+    assert info["kubeletVersion"] == f"v{cluster.version}"
+    assert info["containerRuntimeVersion"].startswith("containerd://")
+    server = json.loads(cluster.kubectl("version", "-o", "json").stdout)["serverVersion"]
+    assert server["gitVersion"] == f"v{cluster.version}"
+
+
+def test_a_pod_runs_to_completion(cluster):
+    name = f"e2e-hello-{uuid.uuid4().hex[:6]}"
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "hello", "image": images.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+            "command": ["sh", "-c", 'echo "hello from $(hostname)"; echo "nofile $(ulimit -Hn)"'],
+        }]},
+    }
+    cluster.kubectl("apply", "-f", "-", input_=json.dumps(pod))
+    try:
+        deadline = time.monotonic() + 120
+        phase = ""
+        while time.monotonic() < deadline:
+            phase = cluster.kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}").stdout
+            if phase in ("Succeeded", "Failed"):
+                break
+            time.sleep(0.5)
+        described = cluster.kubectl("describe", "pod", name, check=False).stdout
+        assert phase == "Succeeded", described
+        logs = cluster.kubectl("logs", name).stdout
+        assert f"hello from {name}" in logs
+        nofile = int(logs.split("nofile ")[1].split()[0])
+        # Within this machine's hard limit (containerd's default for containers could exceed it).
+        assert nofile <= cluster_tool.resource.getrlimit(cluster_tool.resource.RLIMIT_NOFILE)[1]
+    finally:
+        cluster.kubectl("delete", "pod", name, "--wait=false", check=False)

@@ -8,6 +8,7 @@ all built from their Go modules at pinned versions (e2e/gotools.py) and run as r
     python3 e2e/cluster.py status | kubeconfig | down
     python3 e2e/cluster.py import IMAGE.tar...        # OCI archives into containerd's k8s.io namespace
     python3 e2e/cluster.py kubectl get pods -A        # the cluster's own kubectl, with its kubeconfig
+    eval "$(python3 e2e/cluster.py env)"              # KUBECONFIG, and its kubectl and helm on PATH
 
 Everything lives under /var/lib/vcuda-e2e/<version>/ (certificates, kubeconfigs, etcd data, the
 containerd root, logs/); sockets under /run/vcuda-e2e. The node's address is 10.250.0.1, added to
@@ -25,6 +26,7 @@ import base64
 import json
 import os
 import resource
+import shlex
 import shutil
 import signal
 import ssl
@@ -416,6 +418,20 @@ state = "{RUN / 'containerd' / 'state'}"
             raise RuntimeError(f"kubectl {' '.join(args)}: {out.stderr.strip() or out.stdout.strip()}")
         return out
 
+    def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        """helm (the pinned build, made on first use) against this cluster."""
+        helm = gotools.ensure(gotools.HELM, log=self.log)
+        out = subprocess.run([str(helm), f"--kubeconfig={self.kubeconfig}", *args], capture_output=True, text=True,
+                             timeout=timeout)
+        if check and out.returncode != 0:
+            raise RuntimeError(f"helm {' '.join(args)}: {out.stderr.strip() or out.stdout.strip()}")
+        return out
+
+    def env(self) -> dict[str, str]:
+        """What a shell needs to use this cluster: its kubeconfig, its kubectl and helm first on PATH."""
+        dirs = [str(self.kube.path.parent), str(gotools.HELM.path.parent)]
+        return {"KUBECONFIG": str(self.kubeconfig), "PATH": ":".join([*dirs, os.environ.get("PATH", "")])}
+
     def ctr(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         out = subprocess.run([str(self.bin("ctr")), f"--address={self.sock}", "-n", "k8s.io", *args],
                              capture_output=True, text=True, timeout=timeout)
@@ -697,6 +713,7 @@ def main(argv: list[str] | None = None) -> int:
     with_version(sub.add_parser("down", help="stop everything and clean mounts, netns, bridge, address"))
     with_version(sub.add_parser("status", help="components, their health, the node's readiness (JSON)"))
     with_version(sub.add_parser("kubeconfig", help="print the admin kubeconfig's path"))
+    with_version(sub.add_parser("env", help="print export lines: KUBECONFIG, and PATH with its kubectl and helm"))
     imp = with_version(sub.add_parser("import", help="import OCI image archives into containerd (k8s.io)"))
     imp.add_argument("archives", nargs="+", type=Path)
     kc = with_version(sub.add_parser("kubectl", help="run the cluster's kubectl with its kubeconfig"))
@@ -721,6 +738,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if st["node_ready"] else 3
         elif args.cmd == "kubeconfig":
             print(cluster.kubeconfig)
+        elif args.cmd == "env":
+            for k, v in cluster.env().items():
+                print(f"export {k}={shlex.quote(v)}")
         elif args.cmd == "import":
             cluster.import_images(args.archives)
         elif args.cmd == "kubectl":

@@ -46,3 +46,32 @@ def test_a_pod_runs_to_completion(cluster):
         assert nofile <= cluster_tool.resource.getrlimit(cluster_tool.resource.RLIMIT_NOFILE)[1]
     finally:
         cluster.kubectl("delete", "pod", name, "--wait=false", check=False)
+
+
+def test_dra_gates_are_on(cluster):
+    """resource.k8s.io/v1 is served and keeps the fields of the gates we turn on (a gate that is off
+    makes the API server drop its fields silently): a consumable-capacity device that several claims
+    may share (DRAConsumableCapacity) and that consumes a counter set (DRAPartitionableDevices)."""
+    pool = {"name": "probe", "generation": 1, "resourceSliceCount": 2}
+    driver = "probe.e2e.vcuda.io"
+    counters = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": "e2e-probe-counters"},
+                "spec": {"driver": driver, "nodeName": cluster_tool.NODE, "pool": pool,
+                         "sharedCounters": [{"name": "gpu-0", "counters": {"cores": {"value": "100"}}}]}}
+    devices = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+               "metadata": {"name": "e2e-probe-devices"},
+               "spec": {"driver": driver, "nodeName": cluster_tool.NODE, "pool": pool, "devices": [{
+                   "name": "gpu-0", "allowMultipleAllocations": True,
+                   "capacity": {"cores": {"value": "100", "requestPolicy": {
+                       "default": "10", "validRange": {"min": "1", "step": "1"}}}},
+                   "consumesCounters": [{"counterSet": "gpu-0", "counters": {"cores": {"value": "100"}}}]}]}}
+    body = json.dumps({"apiVersion": "v1", "kind": "List", "items": [counters, devices]})
+    cluster.kubectl("apply", "-f", "-", input_=body)
+    try:
+        got = json.loads(cluster.kubectl("get", "resourceslice", "e2e-probe-devices", "-o", "json").stdout)
+        device = got["spec"]["devices"][0]
+        assert device.get("allowMultipleAllocations") is True
+        assert device["capacity"]["cores"]["requestPolicy"]["default"] == "10"
+        assert device["consumesCounters"][0]["counterSet"] == "gpu-0"
+    finally:
+        cluster.kubectl("delete", "-f", "-", "--wait=false", input_=body, check=False)

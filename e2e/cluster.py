@@ -6,6 +6,7 @@ all built from their Go modules at pinned versions (e2e/gotools.py) and run as r
     python3 e2e/cluster.py build [--version 1.36.3]   # build what is missing into the tool cache
     python3 e2e/cluster.py up [--version 1.36.3]      # start, wait for the node to be Ready
     python3 e2e/cluster.py status | kubeconfig | down
+    python3 e2e/cluster.py restart kubelet            # or containerd, ...: as `up` started it
     python3 e2e/cluster.py import IMAGE.tar...        # OCI archives into containerd's k8s.io namespace
     python3 e2e/cluster.py kubectl get pods -A        # the cluster's own kubectl, with its kubeconfig
     eval "$(python3 e2e/cluster.py env)"              # KUBECONFIG, and its kubectl and helm on PATH
@@ -478,6 +479,7 @@ state = "{RUN / 'containerd' / 'state'}"
             subprocess.run(["ip", "addr", "add", f"{NODE_IP}/32", "dev", "lo"], check=True)
         gates = self._gates(feature_gates or {})
         self._write_config(gates, kube_proxy)
+        (RUN / "options.json").write_text(json.dumps({"gates": gates, "kube_proxy": kube_proxy}))
         self.logs.mkdir(parents=True, exist_ok=True)
         try:
             for c in self.components(gates, kube_proxy):
@@ -543,9 +545,43 @@ state = "{RUN / 'containerd' / 'state'}"
                            "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False, timeout=10)
         return out.returncode == 0 and out.stdout.strip() == "True"
 
+    def _options(self) -> tuple[str, bool]:
+        """The feature gates and kube-proxy choice of the running cluster's `up`."""
+        try:
+            o = json.loads((RUN / "options.json").read_text())
+            return o["gates"], o["kube_proxy"]
+        except (OSError, ValueError, KeyError):
+            return self._gates({}), True
+
+    def restart(self, name: str, timeout: float = 120) -> float:
+        """Stop one component and start it again as `up` did (the fault scenarios: kubelet, containerd);
+        running containers are left alone. Returns the seconds until it is healthy (and, for the
+        kubelet, until the node is Ready again)."""
+        if self.running() != self.version:
+            raise StartError(name, f"cluster {self.version} is not up")
+        gates, kube_proxy = self._options()
+        comps = {c.name: c for c in self.components(gates, kube_proxy)}
+        if name not in comps:
+            raise StartError(name, f"not a component of this cluster ({', '.join(comps)})")
+        started = time.monotonic()
+        self._stop(name)
+        c = comps[name]
+        proc = self._spawn(c)
+        if name == "containerd":
+            self._wait(c, proc, timeout, check=lambda: self.sock.exists() and self.ctr(
+                "version", check=False, timeout=10).returncode == 0)
+        else:
+            self._wait(c, proc, timeout)
+        if name in ("kubelet", "containerd"):
+            self._wait_node(timeout)
+        took = time.monotonic() - started
+        self.say(f"{name} restarted in {took:.1f} s")
+        return took
+
     def status(self) -> dict:
         comps = {}
-        for c in self.components(self._gates({}), True):
+        gates, kube_proxy = self._options()
+        for c in self.components(gates, kube_proxy):
             pid = self._pid(c.name)
             comps[c.name] = {"pid": pid, "healthy": bool(pid) and (
                 c.health is None or self._healthy(c.health))}
@@ -590,7 +626,7 @@ state = "{RUN / 'containerd' / 'state'}"
             subprocess.run(["ip", "addr", "del", f"{NODE_IP}/32", "dev", "lo"], capture_output=True)
         self._restore_sysctls()
         self._clean_kubelet_root()
-        for f in (RUN / "version", RUN / "cni-ipam"):
+        for f in (RUN / "version", RUN / "options.json", RUN / "cni-ipam"):
             if f.is_dir():
                 shutil.rmtree(f, ignore_errors=True)
             else:
@@ -711,6 +747,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--feature-gates", default="", help="extra gates, e.g. DRADeviceTaints=true,Foo=false")
     up.add_argument("--no-kube-proxy", action="store_true", help="no kube-proxy (pods cannot reach Services)")
     with_version(sub.add_parser("down", help="stop everything and clean mounts, netns, bridge, address"))
+    rs = with_version(sub.add_parser("restart", help="restart one component (kubelet, containerd...) as `up` did"))
+    rs.add_argument("component", choices=COMPONENTS)
     with_version(sub.add_parser("status", help="components, their health, the node's readiness (JSON)"))
     with_version(sub.add_parser("kubeconfig", help="print the admin kubeconfig's path"))
     with_version(sub.add_parser("env", help="print export lines: KUBECONFIG, and PATH with its kubectl and helm"))
@@ -732,6 +770,8 @@ def main(argv: list[str] | None = None) -> int:
                        kube_proxy=not args.no_kube_proxy)
         elif args.cmd == "down":
             cluster.down()
+        elif args.cmd == "restart":
+            cluster.restart(args.component)
         elif args.cmd == "status":
             st = cluster.status()
             print(json.dumps(st, indent=1))

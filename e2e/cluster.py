@@ -440,10 +440,13 @@ state = "{RUN / 'containerd' / 'state'}"
             raise RuntimeError(f"ctr {' '.join(args)}: {out.stderr.strip()}")
         return out
 
-    def import_images(self, archives: list[Path]) -> None:
-        """OCI archives into containerd's k8s.io namespace, where the kubelet's images live."""
+    def import_images(self, archives: list[Path], base_name: str | None = None) -> None:
+        """OCI archives into containerd's k8s.io namespace, where the kubelet's images live. An archive
+        whose index names the image only by its tag (`org.opencontainers.image.ref.name: 0.1.0`) gets
+        `base_name` (e.g. vcuda.local/vcuda) in front of it."""
         for a in archives:
-            self.ctr("images", "import", "--all-platforms", str(a), timeout=600)
+            extra = ["--base-name", base_name] if base_name else []
+            self.ctr("images", "import", "--all-platforms", *extra, str(a), timeout=600)
 
     # ---------------------------------------------------------------- up / down
     def running(self) -> str | None:
@@ -754,6 +757,7 @@ def main(argv: list[str] | None = None) -> int:
     with_version(sub.add_parser("env", help="print export lines: KUBECONFIG, and PATH with its kubectl and helm"))
     imp = with_version(sub.add_parser("import", help="import OCI image archives into containerd (k8s.io)"))
     imp.add_argument("archives", nargs="+", type=Path)
+    imp.add_argument("--base-name", help="image name for archives whose index gives only a tag")
     kc = with_version(sub.add_parser("kubectl", help="run the cluster's kubectl with its kubeconfig"))
     kc.add_argument("args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -782,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in cluster.env().items():
                 print(f"export {k}={shlex.quote(v)}")
         elif args.cmd == "import":
-            cluster.import_images(args.archives)
+            cluster.import_images(args.archives, base_name=args.base_name)
         elif args.cmd == "kubectl":
             rest = args.args[1:] if args.args[:1] == ["--"] else args.args
             return subprocess.run([str(cluster.kube.program("kubectl")), f"--kubeconfig={cluster.kubeconfig}",

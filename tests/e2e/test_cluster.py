@@ -51,8 +51,12 @@ def test_a_pod_runs_to_completion(cluster):
 def test_dra_gates_are_on(cluster):
     """resource.k8s.io/v1 is served and keeps the fields of the gates we turn on (a gate that is off
     makes the API server drop its fields silently): a consumable-capacity device that several claims
-    may share (DRAConsumableCapacity) and that consumes a counter set (DRAPartitionableDevices)."""
-    pool = {"name": "probe", "generation": 1, "resourceSliceCount": 2}
+    may share (DRAConsumableCapacity) and that consumes a counter set (DRAPartitionableDevices).
+
+    The counter sets' layout differs: 1.34 wants them in the slice of the devices that consume them,
+    1.35 on in a slice of their own ("only one of `sharedCounters` or `devices` is allowed")."""
+    separate = tuple(int(x) for x in cluster.version.split(".")[:2]) >= (1, 35)
+    pool = {"name": "probe", "generation": 1, "resourceSliceCount": 2 if separate else 1}
     driver = "probe.e2e.vcuda.io"
     counters = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
                 "metadata": {"name": "e2e-probe-counters"},
@@ -65,7 +69,9 @@ def test_dra_gates_are_on(cluster):
                    "capacity": {"cores": {"value": "100", "requestPolicy": {
                        "default": "10", "validRange": {"min": "1", "step": "1"}}}},
                    "consumesCounters": [{"counterSet": "gpu-0", "counters": {"cores": {"value": "100"}}}]}]}}
-    body = json.dumps({"apiVersion": "v1", "kind": "List", "items": [counters, devices]})
+    if not separate:
+        devices["spec"]["sharedCounters"] = counters["spec"]["sharedCounters"]
+    body = json.dumps({"apiVersion": "v1", "kind": "List", "items": [counters, devices] if separate else [devices]})
     cluster.kubectl("apply", "-f", "-", input_=body)
     try:
         got = json.loads(cluster.kubectl("get", "resourceslice", "e2e-probe-devices", "-o", "json").stdout)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import fcntl
 import json
 import os
 import resource
@@ -39,13 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import contextlib
-
 import gotools  # noqa: E402
 import images  # noqa: E402
 
 ROOT = Path(os.environ.get("VCUDA_E2E_ROOT", "/var/lib/vcuda-e2e"))
 RUN = Path("/run/vcuda-e2e")              # short: unix socket paths are limited to 108 bytes
+LOCK = Path("/run/vcuda-e2e.lock")
 KUBELET_ROOT = Path("/var/lib/kubelet")   # standard, so plugins register where they do on any node
 NODE = "vcuda-e2e"
 NODE_IP = os.environ.get("VCUDA_E2E_NODE_IP", "10.250.0.1")
@@ -110,6 +111,7 @@ class Cluster:
         self.sock = RUN / "containerd" / "containerd.sock"
         self.images = ROOT / "images"
         self.log = log
+        self._lock_depth = 0
 
     # ---------------------------------------------------------------- paths
     def bin(self, prog: str) -> Path:
@@ -449,11 +451,44 @@ state = "{RUN / 'containerd' / 'state'}"
             self.ctr("images", "import", "--all-platforms", *extra, str(a), timeout=600)
 
     # ---------------------------------------------------------------- up / down
+    @contextlib.contextmanager
+    def _locked(self):
+        """One `up`/`down`/`restart` at a time on the machine (the cluster's ports and dirs are fixed)."""
+        if self._lock_depth:
+            self._lock_depth += 1
+            try:
+                yield
+            finally:
+                self._lock_depth -= 1
+            return
+        LOCK.parent.mkdir(parents=True, exist_ok=True)
+        with open(LOCK, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            self._lock_depth = 1
+            try:
+                yield
+            finally:
+                self._lock_depth = 0
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def up(self, **kw) -> float:
+        """Start the cluster (see `_up` for the arguments) and wait for the node; seconds it took."""
+        with self._locked():
+            return self._up(**kw)
+
+    def down(self, quiet: bool = False) -> None:
+        with self._locked():
+            self._down(quiet)
+
+    def restart(self, name: str, timeout: float = 120) -> float:
+        with self._locked():
+            return self._restart(name, timeout)
+
     def running(self) -> str | None:
         f = RUN / "version"
         return f.read_text().strip() if f.exists() else None
 
-    def up(self, build: bool = False, timeout: float = 180, feature_gates: dict[str, bool] | None = None,
+    def _up(self, build: bool = False, timeout: float = 180, feature_gates: dict[str, bool] | None = None,
            kube_proxy: bool = True) -> float:
         started = time.monotonic()
         other = self.running()
@@ -556,7 +591,7 @@ state = "{RUN / 'containerd' / 'state'}"
         except (OSError, ValueError, KeyError):
             return self._gates({}), True
 
-    def restart(self, name: str, timeout: float = 120) -> float:
+    def _restart(self, name: str, timeout: float = 120) -> float:
         """Stop one component and start it again as `up` did (the fault scenarios: kubelet, containerd);
         running containers are left alone. Returns the seconds until it is healthy (and, for the
         kubelet, until the node is Ready again)."""
@@ -606,7 +641,7 @@ state = "{RUN / 'containerd' / 'state'}"
         if conts:
             self.ctr("containers", "delete", *conts, check=False)
 
-    def down(self, quiet: bool = False) -> None:
+    def _down(self, quiet: bool = False) -> None:
         """Stops everything this tool started, then removes the containers, mounts, network namespaces,
         the bridge, kube-proxy's rules and the node address; puts the sysctls back."""
         self._stop("kubelet", "kube-proxy")

@@ -140,6 +140,10 @@ class Cluster:
                 out.append(f"{what} missing at {path} (apt-get install {pkg})")
         if not (shutil.which("cc") or shutil.which("gcc")):
             out.append("a C compiler for the pause image (apt-get install gcc libc6-dev)")
+        try:
+            import cryptography  # noqa: F401
+        except ImportError:
+            out.append("Python's cryptography, for the certificates (pip install cryptography; in .[test])")
         if shutil.which("iptables") is None:
             out.append("iptables, for kube-proxy (apt-get install iptables)")
         if os.geteuid() != 0:

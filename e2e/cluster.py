@@ -155,7 +155,7 @@ class Cluster:
 
     # ---------------------------------------------------------------- build
     def build(self) -> None:
-        for tool in (gotools.ETCD, gotools.CONTAINERD, self.kube):
+        for tool in (self.kube, gotools.ETCD, gotools.CONTAINERD):   # the last two reuse much of its build cache
             gotools.ensure(tool, log=self.log)
 
     # ---------------------------------------------------------------- config

@@ -13,8 +13,9 @@ all built from their Go modules at pinned versions (e2e/gotools.py) and run as r
 
 Everything lives under /var/lib/vcuda-e2e/<version>/ (certificates, kubeconfigs, etcd data, the
 containerd root, logs/); sockets under /run/vcuda-e2e. The node's address is 10.250.0.1, added to
-`lo` (a non-loopback-range address, since the API server's endpoint may not be 127.0.0.0/8; nothing
-outside reaches it). The kubelet keeps its standard root /var/lib/kubelet, so device plugins
+`lo` at the first `up` and kept there after `down` (a non-loopback-range address, since the API
+server's endpoint may not be 127.0.0.0/8: kept so that it never routes off the machine; the tool's
+clients refuse to connect while it is absent). The kubelet keeps its standard root /var/lib/kubelet, so device plugins
 (/var/lib/kubelet/device-plugins/kubelet.sock) and DRA plugins (/var/lib/kubelet/plugins_registry)
 register where they do on any node; containerd reads CDI specs from /etc/cdi and /var/run/cdi.
 One cluster runs at a time on a machine.
@@ -392,6 +393,8 @@ state = "{RUN / 'containerd' / 'state'}"
         return ctx
 
     def _healthy(self, url: str) -> bool:
+        if NODE_IP in url and not _has_addr(NODE_IP):
+            return False                     # never up on this machine: nothing local to ask
         ctx = None
         if url.startswith("https://"):
             ctx = self._ssl()
@@ -419,6 +422,7 @@ state = "{RUN / 'containerd' / 'state'}"
 
     def kubectl(self, *args: str, check: bool = True, timeout: float = 60,
                 input_: str | None = None) -> subprocess.CompletedProcess:
+        _refuse_unless_local()
         out = subprocess.run([str(self.kube.program("kubectl")), f"--kubeconfig={self.kubeconfig}", *args],
                              capture_output=True, text=True, timeout=timeout, input=input_)
         if check and out.returncode != 0:
@@ -428,6 +432,7 @@ state = "{RUN / 'containerd' / 'state'}"
     def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
         """helm (the pinned build, made on first use) against this cluster."""
         helm = gotools.ensure(gotools.HELM, log=self.log)
+        _refuse_unless_local()
         out = subprocess.run([str(helm), f"--kubeconfig={self.kubeconfig}", *args], capture_output=True, text=True,
                              timeout=timeout)
         if check and out.returncode != 0:
@@ -664,8 +669,8 @@ state = "{RUN / 'containerd' / 'state'}"
             subprocess.run(["umount", "-l", str(ns)], capture_output=True)
             ns.unlink(missing_ok=True)
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
-        if _has_addr(NODE_IP):
-            subprocess.run(["ip", "addr", "del", f"{NODE_IP}/32", "dev", "lo"], capture_output=True)
+        # NODE_IP stays on `lo`: without it the address would route off the machine, and a client that
+        # still names it (a test, a shell's kubectl) would send its traffic there.
         self._restore_sysctls()
         self._clean_kubelet_root()
         for f in (RUN / "version", RUN / "options.json", RUN / "cni-ipam"):
@@ -764,6 +769,14 @@ def _has_cap(bit: int) -> bool:
         if line.startswith("CapBnd:"):
             return bool(int(line.split()[1], 16) >> bit & 1)
     return False
+
+
+def _refuse_unless_local() -> None:
+    """The kubeconfig names NODE_IP: a client may reach it only while it is this machine's own address
+    (it stays on `lo` from the first `up` on), never through a route off the machine."""
+    if not _has_addr(NODE_IP):
+        raise RuntimeError(f"the cluster was never up on this machine ({NODE_IP} is not on lo): "
+                           "run `e2e/cluster.py up` first")
 
 
 def _has_addr(ip: str) -> bool:

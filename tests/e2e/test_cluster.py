@@ -81,3 +81,29 @@ def test_dra_gates_are_on(cluster):
         assert device["consumesCounters"][0]["counterSet"] == "gpu-0"
     finally:
         cluster.kubectl("delete", "-f", "-", "--wait=false", input_=body, check=False)
+
+
+def test_pods_resolve_services_by_name(cluster):
+    """The cluster's DNS (CoreDNS on the node's address): a pod finds a Service by its name, as
+    vcuda-scheduler finds the extender."""
+    name = f"e2e-dns-{uuid.uuid4().hex[:6]}"
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "dns", "image": images.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+            "command": ["nslookup", "kubernetes.default.svc.cluster.local"]}]},
+    }
+    cluster.kubectl("apply", "-f", "-", input_=json.dumps(pod))
+    try:
+        deadline = time.monotonic() + 120
+        phase = ""
+        while time.monotonic() < deadline:
+            phase = cluster.kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}").stdout
+            if phase in ("Succeeded", "Failed"):
+                break
+            time.sleep(0.5)
+        logs = cluster.kubectl("logs", name).stdout
+        assert phase == "Succeeded", logs
+        assert cluster_tool.API_SERVICE_IP in logs
+    finally:
+        cluster.kubectl("delete", "pod", name, "--wait=false", check=False)

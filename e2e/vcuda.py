@@ -40,6 +40,17 @@ IMAGE_INPUTS = ("py_vcuda", "token_scheduler", "kube_contract", "node_state", "s
 WORKLOAD_INPUTS = ("e2e/workload", "tests/c/cuprobe.c", "libvcuda/include", "deploy/image")
 
 
+TIMINGS: dict[str, str] = {}   # what took how long, what was measured, in a test session (tests/e2e prints them)
+
+
+def record(what: str, seconds: float) -> None:
+    TIMINGS[what] = f"{seconds:8.1f} s"
+
+
+def note(what: str, value: str) -> None:
+    TIMINGS[what] = f"{value:>10}"
+
+
 def inputs_key(paths: tuple[str, ...], repo: Path = REPO) -> str:
     """A hash of the files git would ship under `paths` (tracked or untracked, not ignored)."""
     out = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "-c", "-o", "--exclude-standard", "--", *paths],
@@ -138,11 +149,14 @@ class Install:
         return out.returncode == 0
 
     def install(self, timeout: float = 240) -> float:
-        """helm install, label the node, wait for every pod Ready; seconds from install to Ready."""
+        """Label the node, helm install, wait for every pod Ready; seconds from the label to Ready.
+
+        The label goes first: right after an uninstall, 1.36's DaemonSet controller was seen to miss the
+        label that came just after the DaemonSet (desired 0 until the next node update)."""
         started = time.monotonic()
         sets = [a for k, v in self.values().items() for a in ("--set", f"{k}={v}")]
-        self.cluster.helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace", *sets)
         self.cluster.kubectl("label", "node", cluster_tool.NODE, f"{NODE_LABEL}={self.mode}", "--overwrite")
+        self.cluster.helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace", *sets)
         self.wait_ready(timeout)
         took = time.monotonic() - started
         self.say(f"installed and Ready in {took:.1f} s")

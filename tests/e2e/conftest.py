@@ -28,18 +28,14 @@ sys.path.insert(0, str(REPO / "e2e"))
 import cluster as cluster_tool  # noqa: E402
 import vcuda as vcuda_tool  # noqa: E402
 
-TIMINGS: dict[str, float] = {}   # what took how long, for the summary
-
-
-def record(what: str, seconds: float) -> None:
-    TIMINGS[what] = seconds
+record = vcuda_tool.record
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    if TIMINGS:
+    if vcuda_tool.TIMINGS:
         terminalreporter.section("vcuda e2e timings")
-        for what, seconds in TIMINGS.items():
-            terminalreporter.write_line(f"{seconds:8.1f} s  {what}")
+        for what, value in vcuda_tool.TIMINGS.items():
+            terminalreporter.write_line(f"{value}  {what}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -163,11 +163,15 @@ class Install:
         return took
 
     def uninstall(self, timeout: float = 120) -> None:
-        """helm uninstall (waiting for the pods to go), then the node label off."""
+        """helm uninstall, then the node label off; waits for the release's pods to be gone (helm's --wait
+        waits for the objects it deleted, not for the pods their garbage collection deletes after)."""
         if self.installed():
             self.cluster.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", f"--timeout={int(timeout)}s",
                               timeout=timeout + 30)
         self.cluster.kubectl("label", "node", cluster_tool.NODE, f"{NODE_LABEL}-", check=False)
+        wait_for("the release's pods gone", lambda: not [
+            p for p in self.pods() if p["metadata"].get("labels", {}).get("app.kubernetes.io/instance") == RELEASE],
+            timeout=timeout, explain=self.diagnose)
 
     def expected(self) -> list[str]:
         """The components whose pods must be Ready (app.kubernetes.io/name suffixes). The node agent

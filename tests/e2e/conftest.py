@@ -94,4 +94,5 @@ def namespace(cluster: cluster_tool.Cluster) -> Iterator[str]:
             break
         time.sleep(0.2)
     yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    # Waited for: a terminating pod still holds its share of a GPU, which the next test would find taken.
+    cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False, timeout=150)

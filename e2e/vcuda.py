@@ -15,7 +15,7 @@ The tests (tests/e2e) use the same functions.
 from __future__ import annotations
 
 import argparse
-import hashlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -52,15 +52,17 @@ def note(what: str, value: str) -> None:
 
 
 def inputs_key(paths: tuple[str, ...], repo: Path = REPO) -> str:
-    """A hash of the files git would ship under `paths` (tracked or untracked, not ignored)."""
-    out = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "-c", "-o", "--exclude-standard", "--", *paths],
-                         capture_output=True, check=True)
-    digest = hashlib.sha256()
-    for name in sorted(set(out.stdout.decode().split("\0")) - {""}):
-        path = repo / name
-        if path.is_file():
-            digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    """A hash of the files git would ship under `paths` (deploy/image/build.py's source key)."""
+    name = "vcuda_image_build"
+    if name not in sys.modules:   # deploy/ is not a package
+        spec = importlib.util.spec_from_file_location(name, REPO / "deploy" / "image" / "build.py")
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    key = sys.modules[name].source_key(repo, paths)
+    if key is None:
+        raise RuntimeError(f"{repo} is not a git checkout: the images' inputs cannot be keyed")
+    return key
 
 
 def _cached(archive: Path, key: str, make, log=sys.stderr) -> Path:
@@ -105,6 +107,16 @@ def workload_archive(folder: Path, log=sys.stderr) -> Path | None:
     return _cached(folder / "vcuda-workload.oci.tar", inputs_key(WORKLOAD_INPUTS), lambda out: _run(
         [sys.executable, str(WORKLOAD_BUILD), "--tag", WORKLOAD_IMAGE, "--output", str(out)],
         "e2e/workload/build"), log)
+
+
+def scenario_missing(inst: Install) -> str | None:
+    """What a scenario on the simulated GPU lacks in this tree (the reason to skip it), or None."""
+    if not inst.simulator:
+        return ("the GPU simulator wiring: the chart's test-only value testing.simulator is missing from this "
+                "tree, so the node agent has no GPU here")
+    if not WORKLOAD_BUILD.is_file():
+        return "the workload image: e2e/workload is missing from this tree"
+    return None
 
 
 def chart_has_simulator() -> bool:

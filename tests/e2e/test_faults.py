@@ -19,11 +19,9 @@ UNIT = 256 << 20           # tencent.com/vcuda-memory's unit
 
 
 def _needs(vcuda) -> None:
-    if not vcuda.simulator:
-        pytest.skip("scenario 5 needs the GPU simulator wiring: the chart's test-only value testing.simulator "
-                    "(branch i30-sim) is missing from this tree, so the node agent has no GPU here")
-    if not vcuda_tool.WORKLOAD_BUILD.is_file():
-        pytest.skip("scenario 5 needs the workload image: e2e/workload (branch i30-sim) is missing from this tree")
+    missing = vcuda_tool.scenario_missing(vcuda)
+    if missing:
+        pytest.skip(f"scenario 5 needs {missing}")
 
 
 def _start(vcuda, namespace: str, name: str, cores: int, units: int) -> None:

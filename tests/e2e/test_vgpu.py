@@ -28,11 +28,9 @@ PODS = {"share-30": (30, 8 * GiB), "share-50": (50, 4 * GiB)}
 
 
 def _needs(vcuda) -> None:
-    if not vcuda.simulator:
-        pytest.skip("scenario 1 needs the GPU simulator wiring: the chart's test-only value testing.simulator "
-                    "(branch i30-sim) is missing from this tree, so the node agent has no GPU here")
-    if not vcuda_tool.WORKLOAD_BUILD.is_file():
-        pytest.skip("scenario 1 needs the workload image: e2e/workload (branch i30-sim) is missing from this tree")
+    missing = vcuda_tool.scenario_missing(vcuda)
+    if missing:
+        pytest.skip(f"scenario 1 needs {missing}")
 
 
 def _pod(name: str, cores: int, memory: int) -> dict:

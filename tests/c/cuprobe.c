@@ -652,7 +652,7 @@ static void run_command(const char *arg) {
         long n = 0;
         struct held h;
         while ((r = allocate("alloc", a, 0, 0, 0, &h)) == CUDA_SUCCESS) { keep(h.kind, h.handle); n++; }
-        printf("fill rc=%d count=%ld\n", r, n);
+        printf("fill rc=%d count=%ld bytes=%llu\n", r, n, (unsigned long long)n * a);
     } else if (strcmp(c, "hold") == 0) {
         printf("holding\n");
         char line[16];

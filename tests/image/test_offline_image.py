@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from imagebuild import load_build
+from imagebuild import podman_run_prefix
 
 REPO = Path(__file__).resolve().parents[2]
 TAG = "localhost/vcuda:pytest"
@@ -36,15 +36,6 @@ class Built:
     archive: Path
     seconds: float
     run: list[str]   # `podman run` with this machine's options, up to the image
-
-
-def podman_run_prefix() -> list[str]:
-    build = load_build()
-    runtime = build.choose_runtime("podman", None, build.host_cgroup_v2())
-    # podman raises the open-files and processes limits above the host's for root containers, which a
-    # sandboxed host can refuse ("setrlimit: operation not permitted"); modest explicit limits always work.
-    cmd = ["podman", "run", "--rm", "--network=none", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
-    return cmd + (["--runtime", runtime] if runtime else [])
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,14 @@ tests run an image with podman on this machine."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_PY = REPO / "deploy" / "image" / "build.py"
@@ -31,3 +36,14 @@ def podman_run_prefix() -> list[str]:
     # sandboxed host can refuse ("setrlimit: operation not permitted"); modest explicit limits always work.
     cmd = ["podman", "run", "--rm", "--network=none", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
     return cmd + (["--runtime", runtime] if runtime else [])
+
+
+def need_tools(tools: Sequence[str], what: str, install: str = "apt-get install podman mmdebstrap runc") -> None:
+    """Skip the test when a tool is missing, but fail under CI (`CI` set): .ci/run installs them, and a
+    skip there would hide a broken image."""
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        message = f"{what} needs {', '.join(missing)} ({install})"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message}: .ci/run installs them, so under CI this is a failure")
+        pytest.skip(message)

@@ -10,15 +10,13 @@ skip, except under CI (`CI` set), where a skip would hide a broken image."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from imagebuild import podman_run_prefix
+from imagebuild import need_tools, podman_run_prefix
 from shimtest import parse
 
 from node_state import gpu_driver, tenancy
@@ -40,12 +38,7 @@ pytestmark = pytest.mark.timeout(900)
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    missing = [tool for tool in NEEDS if shutil.which(tool) is None]
-    if missing:
-        message = f"the offline workload image needs {', '.join(missing)} (apt-get install podman mmdebstrap runc)"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message}: .ci/run installs them, so under CI this is a failure")
-        pytest.skip(message)
+    need_tools(NEEDS, "the offline workload image")
     out = subprocess.run([sys.executable, str(REPO / "e2e" / "workload" / "build"), "--builder", "podman",
                           "--tag", TAG], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, f"e2e/workload/build failed:\n{(out.stdout + out.stderr)[-6000:]}"

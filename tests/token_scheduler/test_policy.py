@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from token_scheduler.errors import ErrorCode, PolicyError
@@ -62,13 +64,30 @@ def test_lease_ids_carry_epoch() -> None:
     assert grant is not None and grant.lease_id >> 32 == 7
 
 
-def test_largest_deficit_first() -> None:
-    policy, clock = make(("small", 10, 100), ("big", 60, 100))
+def test_largest_deficit_first_with_the_window_alone() -> None:
+    """The window policy (short_horizon off): below request means a deficit over the
+    whole window, idle time included (issue 31: the cause of the burst after idle)."""
+    policy, clock = make(("small", 10, 100), ("big", 60, 100), config=replace(CFG, short_horizon=False))
     hold(policy, clock, "big", b"1", 50 * MS)  # big: 50 of 600 ms due; small: 0 of 100
     policy.request("big", b"1", 0)
     policy.request("small", b"1", 0)
     grant = policy.dispatch()
     assert grant is not None and grant.tenant == "big"  # deficit 550 > 100
+
+
+def test_longest_owed_first() -> None:
+    """Short horizons: below request means credit earned at the request's rate now, idle
+    time capped at the allowance; the tenant owed the longest time at its rate first."""
+    policy, clock = make(("small", 10, 100), ("big", 60, 100))
+    hold(policy, clock, "big", b"1", 5 * MS)  # big: 8 - 5 + 3 = 6 ms owed (10 ms at 60 %)
+    policy.request("big", b"1", 0)
+    policy.request("small", b"1", 0)  # small: 8 ms owed, 80 ms at 10 %
+    grant = policy.dispatch()
+    assert grant is not None and grant.tenant == "small"
+    clock.advance(4 * MS)
+    policy.release("small", b"1", grant.lease_id, 4 * MS, False)  # small: 8 - 4 + 0.4 = 4.4 ms, 44 ms
+    grant = policy.dispatch()  # big waited 4 ms: 6 + 2.4 = 8.4 ms, 14 ms at 60 %
+    assert grant is not None and grant.tenant == "big"
 
 
 def test_least_usage_first_when_all_above_request() -> None:

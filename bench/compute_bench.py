@@ -11,6 +11,9 @@ simulator served each process over a common window after a warm-up
 (bench/workload.py): a deep queue's last batch may outlive the window.
 Goal (issue 15): share error <= 2 percentage points in every configuration.
 
+`--horizons`: requests and limits over any 100 ms and 1 s, the policy before
+issue 31 beside the new one (bench/horizon_bench.py).
+
 Run: python bench/compute_bench.py (after `pip install .`, or with
 VCUDA_LIB_DIR and PYTHONPATH pointing at a build and the checkout).
 """
@@ -122,7 +125,16 @@ def alone_busy(exe: Path, tmp: Path, seconds: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each configuration")
-    args = parser.parse_args(argv)
+    parser.add_argument("--horizons", action="store_true",
+                        help="instead: shares at every horizon, old and new policy (bench/horizon_bench.py; "
+                             "its options follow)")
+    args, rest = parser.parse_known_args(argv)
+    if args.horizons:
+        import horizon_bench
+
+        return horizon_bench.main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     worst = 0.0
     with tempfile.TemporaryDirectory(prefix="vcuda-bench-") as d:
         tmp = Path(d)

@@ -34,6 +34,15 @@ def _at(times: list[int], values: list[int], t: int) -> float:
     return values[i - 1] + (values[i] - values[i - 1]) * (t - t0) / (t1 - t0)
 
 
+def share_between(points: Sequence[tuple[int, int]], start: int, end: int) -> float:
+    """The share of [start, end] the GPU time in `points` covers."""
+    if not points:
+        return 0.0
+    times = [t for t, _ in points]
+    values = [v for _, v in points]
+    return (_at(times, values, end) - _at(times, values, start)) / (end - start)
+
+
 def extreme_shares(points: Sequence[tuple[int, int]], horizon: int, start: int, end: int) -> tuple[float, float]:
     """(lowest, highest) share of every interval [t - horizon, t] within [start, end]."""
     if end - start < horizon:

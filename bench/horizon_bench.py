@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,14 +47,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from workload import BusySampler, build  # noqa: E402
+from workload import BusySampler, build, kill_all, scheduler  # noqa: E402
 
 from py_vcuda.launch import Tenant, tenant_env  # noqa: E402
 from py_vcuda.sim import SimConfig  # noqa: E402
 from token_scheduler.policy import PolicyConfig  # noqa: E402
 from token_scheduler.shares import cumulative, extreme_shares, share_between  # noqa: E402
 from token_scheduler.simulate import SimTenant, Simulation  # noqa: E402
-from token_scheduler.testing import AdminClient, spawn_daemon  # noqa: E402
 
 SECOND = 1_000_000_000
 KERNEL_US, DEPTH = 2000, 10
@@ -128,44 +126,35 @@ def run_fake_clock(loads: list[Load], seconds: float, policy: str) -> Run:
 
 
 def run_scenario(exe: Path, tmp: Path, tag: str, loads: list[Load], seconds: float, policy: str) -> Run:
-    directory = Path(tempfile.mkdtemp(prefix="vhb", dir="/tmp"))  # unix socket paths are short
-    daemon = spawn_daemon(directory, "--short-horizon", policy)
-    admin = AdminClient(directory / "admin.sock")
     sim = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_") and k != "LD_PRELOAD"}
     sim.update(SimConfig(state_path=tmp / f"sim-{tag}").env())
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    try:
-        admin.wait_ready()
-        with BusySampler(Path(sim["VCUDA_SIM_STATE"]), SAMPLE_S) as sampler:
-            t0 = time.monotonic_ns()
-            cpu0 = cpu_seconds(daemon.pid)
-            for load in sorted(loads, key=lambda x: x.register_s):
-                time.sleep(max(0.0, t0 / 1e9 + load.register_s - time.monotonic()))
-                reply = admin.call("add", tenant=load.name, request=load.request, limit=load.limit)
-                env = tenant_env(Tenant(), sim, tmp / f"{tag}-{load.name}.ledger")
-                env["VCUDA_SCHEDULER"] = str(reply["endpoint"])
-                delay = max(0.0, t0 / 1e9 + load.start_s - time.monotonic())
-                cmd = [str(exe), "train", str(KERNEL_US), str(DEPTH), str(seconds - load.start_s + 1)]
-                procs[load.name] = subprocess.Popen(["sh", "-c", f'sleep {delay:.3f}; exec "$@"', "-", *cmd],
-                                                    env=env, stdout=subprocess.DEVNULL)
-            end = t0 + int(seconds * SECOND)
-            time.sleep(max(0.0, end / 1e9 - time.monotonic()) + 0.1)
-            cpu = cpu_seconds(daemon.pid) - cpu0
-            stats = admin.call("stats")["tenants"]
-        grants = sum(s["grants"] + s["renewals"] for s in stats.values())
-        tenants = {}
-        for load in loads:
-            pid = procs[load.name].pid
-            points = [(t, busy.get(pid, 0)) for t, busy in sampler.samples]
-            tenants[load.name] = figures(points, t0 + int(load.start_s * SECOND), end - SECOND)
-    finally:
-        for p in procs.values():
-            p.kill()
-            p.wait()
-        admin.close()
-        daemon.kill()
-        daemon.wait()
-        shutil.rmtree(directory, ignore_errors=True)
+    with scheduler("--short-horizon", policy) as (daemon, admin):
+        try:
+            with BusySampler(Path(sim["VCUDA_SIM_STATE"]), SAMPLE_S) as sampler:
+                t0 = time.monotonic_ns()
+                cpu0 = cpu_seconds(daemon.pid)
+                for load in sorted(loads, key=lambda x: x.register_s):
+                    time.sleep(max(0.0, t0 / 1e9 + load.register_s - time.monotonic()))
+                    reply = admin.call("add", tenant=load.name, request=load.request, limit=load.limit)
+                    env = tenant_env(Tenant(), sim, tmp / f"{tag}-{load.name}.ledger")
+                    env["VCUDA_SCHEDULER"] = str(reply["endpoint"])
+                    delay = max(0.0, t0 / 1e9 + load.start_s - time.monotonic())
+                    cmd = [str(exe), "train", str(KERNEL_US), str(DEPTH), str(seconds - load.start_s + 1)]
+                    procs[load.name] = subprocess.Popen(["sh", "-c", f'sleep {delay:.3f}; exec "$@"', "-", *cmd],
+                                                        env=env, stdout=subprocess.DEVNULL)
+                end = t0 + int(seconds * SECOND)
+                time.sleep(max(0.0, end / 1e9 - time.monotonic()) + 0.1)
+                cpu = cpu_seconds(daemon.pid) - cpu0
+                stats = admin.call("stats")["tenants"]
+        finally:
+            kill_all(procs.values())
+    tenants = {}
+    for load in loads:
+        pid = procs[load.name].pid
+        points = [(t, busy.get(pid, 0)) for t, busy in sampler.samples]
+        tenants[load.name] = figures(points, t0 + int(load.start_s * SECOND), end - SECOND)
+    grants = sum(s["grants"] + s["renewals"] for s in stats.values())
     return Run(tenants, grants / seconds, 100 * cpu / seconds)
 
 

@@ -4,10 +4,11 @@ over any 100 ms and any 1 s, not only over the policy's sliding window.
 Two kinds of record, both pure (times are passed in, in nanoseconds):
 
 - `RateBucket`: credit earned at a fixed percent of wall time and spent by
-  holding the GPU, kept within [-floor, cap]. At the limit's rate it paces a
-  capped tenant (no burst after idle: idle time earns at most `cap`); at the
-  request's rate it says whether the tenant is below its request *now*
-  (credit for idle time capped at `cap`, debt for surplus time at `floor`).
+  holding the GPU. At the limit's rate it paces a capped tenant (no burst
+  after idle: idle time earns little); at the request's rate it says whether
+  the tenant is below its request *now* (idle time earns little there too,
+  debt for surplus time stops at a floor). Time spent waiting for the token
+  earns more: it is owed.
 - `Trail`: the tenant's holds of the last second, so the GPU time it held over
   an exact interval ([now - 100 ms, now], [now - 1 s, now]) is one binary search.
 """

@@ -88,8 +88,8 @@ class PolicyConfig:
     short_horizon: bool = True
     # A capped tenant's GPU time over any interval of each horizon stays under its limit
     # + allowance; one lease is at most its limit of the first horizon, so it runs about
-    # once per that horizon. Idle time earns at most the allowance of credit (half of it
-    # toward the limit), time waiting for the token up to the longest horizon's worth.
+    # once per that horizon. Idle time earns little credit (Policy._short_horizon), time
+    # waiting for the token up to the longest horizon's worth.
     horizons_ns: tuple[int, ...] = (100 * MS, 1 * SECOND)
     allowance_ns: int = 8 * MS
 
@@ -326,9 +326,12 @@ class Policy:
     def _short_horizon(self, request: int, limit: int, now: int) -> ShortHorizon:
         """A tenant's short-horizon records, as after a long idle.
 
-        Idle time earns the allowance at most; time waiting for the token is owed up to
-        the longest horizon, so that waiting behind others' leases loses nothing (the
-        horizons' windows bound how fast it is made up). The limit's debt is never
+        Idle time earns little: toward the limit half the allowance, toward the request
+        the allowance and the request's share of the shortest horizon (a bursty tenant,
+        an inference server, stays below its request through a burst of that much, as
+        with the window). Time waiting for the token is owed up to the longest horizon,
+        so that waiting behind others' leases loses nothing (the horizons' windows
+        bound how fast it is made up). The limit's debt is never
         forgiven (it is the cap); surplus time above the request is remembered for one
         lease only, so that a tenant that ran above its request while others idled is
         below it again soon after they come back."""
@@ -336,7 +339,8 @@ class Policy:
         allowance = cfg.allowance_ns
         return ShortHorizon(
             RateBucket(limit, allowance // 2, self._owed_cap(limit), cfg.window_ns, now),
-            RateBucket(request, allowance, self._owed_cap(request), allowance + cfg.quantum_max_ns, now),
+            RateBucket(request, allowance + request * cfg.horizons_ns[0] // 100, self._owed_cap(request),
+                       allowance + cfg.quantum_max_ns, now),
             Trail(max(cfg.horizons_ns)))
 
     def _owed_cap(self, percent: int) -> int:

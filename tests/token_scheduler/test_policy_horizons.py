@@ -133,11 +133,14 @@ def test_both_starting_at_once_leave_a_hole_for_three_seconds() -> None:
     assert 100 * result.extreme_shares("B", 100 * MS, SECOND, 4 * SECOND)[0] < 13 / 2
 
 
-def test_priority_unchanged_beside_a_deep_queue_trainer() -> None:
-    """bench/latency_bench.py's case: a bursty `high` inference (request 60) beside a
-    trainer (request 40) draining 1 ms after a revocation; limits 100, so only the
-    request side of the short horizons applies: the same waits and shares as before."""
-    tenants = [SimTenant("infer", 60, 100, burst_ns=4 * MS, idle_ns=4 * MS, priority=HIGH),
+@pytest.mark.parametrize("burst_ms", [4, 50, 100])
+def test_priority_unchanged_beside_a_deep_queue_trainer(burst_ms: int) -> None:
+    """bench/latency_bench.py's case: a bursty `high` inference (request 60, half its
+    time busy) beside a trainer (request 40) draining 1 ms after a revocation; limits
+    100, so only the request side of the short horizons applies: the same waits and
+    shares as before. A burst of 50 ms and more once exhausted the idle credit (then
+    the allowance alone) and the inference waited a trainer's lease."""
+    tenants = [SimTenant("infer", 60, 100, burst_ns=burst_ms * MS, idle_ns=burst_ms * MS, priority=HIGH),
                SimTenant("train", 40, 100, drain_ns=MS)]
     results = []
     for config in (CFG, WINDOW_ONLY):
@@ -213,8 +216,9 @@ def test_waiting_behind_others_is_owed_but_idling_is_not() -> None:
     waiting_since = clock.now
     clock.advance(100 * MS)
     credit_waiting = policy.tenants["a"].short.due.level(clock.now, waiting_since)  # type: ignore[union-attr]
-    assert credit_idle == CFG.allowance_ns
-    assert credit_waiting == CFG.allowance_ns + 50 * MS
+    assert credit_idle == CFG.allowance_ns + 50 * MS  # + its request's share of 100 ms
+    assert credit_waiting == credit_idle + 50 * MS
+    assert policy.tenants["b"].short.due.level(clock.now + 10 * SECOND, None) == credit_idle  # type: ignore[union-attr]
 
 
 def test_live_update_starts_short_horizons_afresh() -> None:

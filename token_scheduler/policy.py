@@ -607,8 +607,9 @@ class Policy:
     def _pick_short(self, now: int) -> tuple[Tenant | None, int, int | None]:
         """`_pick` with requests and limits at short horizons: the tenant to serve and its
         lease, or None and the recheck time. A capped tenant runs when its pace and every
-        horizon allow its lease; below request means credit at the request's rate now (idle
-        time earns little), not a deficit over the whole window."""
+        horizon allow its lease. First come the tenants below their request now (credit at
+        the request's rate: idle time earns little), then those below it over the window
+        only, then the least used; `high` first in each of the first two."""
         best: tuple[tuple[int, int, int], Tenant, int] | None = None
         recheck: int | None = None
         window = self.config.window_ns
@@ -625,11 +626,17 @@ class Policy:
                     at = now + max(wait, RECHECK_MIN_NS)
                     recheck = at if recheck is None or at < recheck else recheck
                     continue
+            high = tenant.priority == HIGH
             credit = short.due.level(now, first.since)
             if credit > 0:  # the longest owed first: credit in wall time at its request's rate
-                key = (0 if tenant.priority == HIGH else 1, -credit * 100 // tenant.request, first.since)
+                key = (0 if high else 1, -credit * 100 // tenant.request, first.since)
             else:
-                key = (2, tenant.usage.usage(now, window), first.since)
+                # Then below request over the window (after every tenant below it now: the
+                # window's deficit may be idle time), then the least used.
+                used = tenant.usage.usage(now, window)
+                age = now - tenant.added_at
+                deficit = tenant.request * (window if age >= window else max(1, age)) // 100 - used
+                key = (2 if high else 3, -deficit, first.since) if deficit > 0 else (4, used, first.since)
             if best is None or key < best[0]:
                 best = (key, tenant, lease)
         return (best[1], best[2], None) if best else (None, 0, recheck)
@@ -753,9 +760,11 @@ class Policy:
                 return None
             due = short.due
             credit = due.level(now, waiting_since) if holding_since is None else due.level_holding(now, holding_since)
+            high = tenant.priority == HIGH
             if credit > 0:
-                return (0 if tenant.priority == HIGH else 1, -credit * 100 // tenant.request)
-            return (2, used)
+                return (0 if high else 1, -credit * 100 // tenant.request)
+            deficit = self._share_ns(tenant, tenant.request, now) - used
+            return (2 if high else 3, -deficit) if deficit > 0 else (4, used)
         span = self._span(tenant, now)
         if used * 100 > tenant.limit * span:
             return None

@@ -655,7 +655,7 @@ class Policy:
             wait = pace.ns_until_even(now, waiting_since)
         else:
             wait = 0 if pace.level_holding(now, holding_since) >= 0 else 1
-        need = quantum + max(tenant.recent_overruns_ns, default=0)
+        need = quantum + self._typical_overrun(tenant)
         trail = short.trail
         for horizon in cfg.horizons_ns:
             cap = tenant.limit * horizon // 100 + cfg.allowance_ns
@@ -801,14 +801,22 @@ class Policy:
         # A holder drains its queued work after expiry, so the GPU is really held
         # for quantum + overrun: shorten the lease by the largest recent overrun so
         # that a waiting tenant waits at most quantum_max.
-        overrun = max(tenant.recent_overruns_ns, default=0)
-        ceiling = cfg.quantum_max_ns
+        ceiling = cfg.quantum_max_ns - max(tenant.recent_overruns_ns, default=0)
         if tenant.short is not None and tenant.limit < 100:
             # One lease is at most the limit of the shortest horizon, so a capped tenant runs
             # about once per horizon: no long lease then a long pause, which a neighbour at
             # that horizon would see as a burst and the tenant as a gap in its service.
-            ceiling = min(ceiling, tenant.limit * cfg.horizons_ns[0] // 100)
-        return int(min(max(want, cfg.quantum_min_ns), max(cfg.quantum_min_ns, ceiling - overrun)))
+            # Less its typical overrun: the largest would make every lease as short as the
+            # worst one and leave the GPU idle (the pace charges the real hold anyway).
+            pace = tenant.limit * cfg.horizons_ns[0] // 100 - self._typical_overrun(tenant)
+            ceiling = min(ceiling, pace)
+        return int(min(max(want, cfg.quantum_min_ns), max(cfg.quantum_min_ns, ceiling)))
+
+    @staticmethod
+    def _typical_overrun(tenant: Tenant) -> int:
+        """The mean hold past the quantum of the tenant's last leases."""
+        overruns = tenant.recent_overruns_ns
+        return sum(overruns) // len(overruns) if overruns else 0
 
     def _charge(self, tenant: Tenant, start: int, end: int) -> None:
         """The tenant held the GPU over [start, end]."""

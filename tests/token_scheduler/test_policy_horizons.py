@@ -10,11 +10,12 @@ the run (a lease still running at the end is not recorded yet).
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, replace
 
 import pytest
 
-from token_scheduler.policy import HIGH, MS, SECOND, Policy, PolicyConfig
+from token_scheduler.policy import HIGH, MS, SECOND, Grant, Policy, PolicyConfig
 from token_scheduler.simulate import FakeClock, SimResult, SimTenant, Simulation
 
 CFG = PolicyConfig()
@@ -233,3 +234,29 @@ def test_live_update_starts_short_horizons_afresh() -> None:
     grant = policy.dispatch()
     assert grant is not None and grant.quantum_ns == 10 * MS
     assert policy.tenants["a"].short.due.level(clock.now, clock.now) == 0  # type: ignore[union-attr]
+
+
+class VaryingOverrun(Simulation):
+    """Each lease's holder runs past its quantum by 0 to 8 ms (seeded), as real holders
+    draining their in-flight work do."""
+
+    def _start(self, grant: Grant) -> None:
+        if not hasattr(self, "rnd"):
+            self.rnd = random.Random(1)
+        self._procs[grant.client].tenant.overrun_ns = self.rnd.randrange(8 * MS)
+        super()._start(grant)
+
+
+def test_limits_hold_and_little_is_lost_with_overruns_that_vary() -> None:
+    """The expected overrun a capped lease leaves room for is the typical one, not the
+    worst: the worst made every lease wait for room it did not use (93.6 % of the GPU
+    used by three tenants whose limits add up to 100 %; 95.8 % now). Not all is won
+    back: a 50 % tenant delayed by others' overruns makes up for it only within the
+    allowance of its 100 ms room."""
+    tenants = [SimTenant("A", 20, 20), SimTenant("B", 30, 30), SimTenant("C", 50, 50)]
+    result = VaryingOverrun(CFG, tenants, keep_grants=True).run(END)
+    start, end = 5 * SECOND, END - SECOND
+    for spec in tenants:
+        assert 100 * result.extreme_shares(spec.name, SECOND, start, end)[1] <= spec.limit + 1, spec.name
+        assert 100 * result.extreme_shares(spec.name, 100 * MS, start, end)[1] <= spec.limit + 10, spec.name
+    assert sum(100 * result.share(s.name, start, end) for s in tenants) >= 95

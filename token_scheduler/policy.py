@@ -655,7 +655,9 @@ class Policy:
             wait = pace.ns_until_even(now, waiting_since)
         else:
             wait = 0 if pace.level_holding(now, holding_since) >= 0 else 1
-        need = quantum + self._typical_overrun(tenant)
+        # Room for the typical overrun, and half the way to the worst one: the allowance
+        # takes the rest.
+        need = quantum + (self._typical_overrun(tenant) + max(tenant.recent_overruns_ns, default=0)) // 2
         trail = short.trail
         for horizon in cfg.horizons_ns:
             cap = tenant.limit * horizon // 100 + cfg.allowance_ns

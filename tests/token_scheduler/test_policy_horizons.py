@@ -250,7 +250,7 @@ class VaryingOverrun(Simulation):
 def test_limits_hold_and_little_is_lost_with_overruns_that_vary() -> None:
     """The expected overrun a capped lease leaves room for is the typical one, not the
     worst: the worst made every lease wait for room it did not use (93.6 % of the GPU
-    used by three tenants whose limits add up to 100 %; 95.8 % now). Not all is won
+    used by three tenants whose limits add up to 100 %; 95.4 % now). Not all is won
     back: a 50 % tenant delayed by others' overruns makes up for it only within the
     allowance of its 100 ms room."""
     tenants = [SimTenant("A", 20, 20), SimTenant("B", 30, 30), SimTenant("C", 50, 50)]

@@ -77,17 +77,14 @@ def test_largest_deficit_first_with_the_window_alone() -> None:
 
 def test_longest_owed_first() -> None:
     """Short horizons: below request means credit earned at the request's rate now, idle
-    time capped at the allowance; the tenant owed the longest time at its rate first."""
-    policy, clock = make(("small", 10, 100), ("big", 60, 100))
-    hold(policy, clock, "big", b"1", 5 * MS)  # big: 8 - 5 + 3 = 6 ms owed (10 ms at 60 %)
+    time earning the allowance and R % of 100 ms at most; the tenant owed the longest
+    time at its rate first, not the largest amount."""
+    policy, clock = make(("small", 10, 100), ("big", 60, 100), config=replace(CFG, short_horizon=True))
+    hold(policy, clock, "big", b"1", 5 * MS)  # big: 68 - 5 + 3 = 66 ms owed, 110 ms at 60 %
     policy.request("big", b"1", 0)
-    policy.request("small", b"1", 0)  # small: 8 ms owed, 80 ms at 10 %
+    policy.request("small", b"1", 0)  # small: 18 ms owed, 180 ms at 10 %
     grant = policy.dispatch()
     assert grant is not None and grant.tenant == "small"
-    clock.advance(4 * MS)
-    policy.release("small", b"1", grant.lease_id, 4 * MS, False)  # small: 8 - 4 + 0.4 = 4.4 ms, 44 ms
-    grant = policy.dispatch()  # big waited 4 ms: 6 + 2.4 = 8.4 ms, 14 ms at 60 %
-    assert grant is not None and grant.tenant == "big"
 
 
 def test_least_usage_first_when_all_above_request() -> None:

@@ -18,7 +18,7 @@ import pytest
 from token_scheduler.policy import HIGH, MS, SECOND, Grant, Policy, PolicyConfig
 from token_scheduler.simulate import FakeClock, SimResult, SimTenant, Simulation
 
-CFG = PolicyConfig()
+CFG = PolicyConfig(short_horizon=True)  # the daemon's defaults otherwise
 WINDOW_ONLY = replace(CFG, short_horizon=False)
 END = 35 * SECOND
 

@@ -11,6 +11,9 @@ simulator served each process over a common window after a warm-up
 (bench/workload.py): a deep queue's last batch may outlive the window.
 Goal (issue 15): share error <= 2 percentage points in every configuration.
 
+`--horizons`: requests and limits over any 100 ms and 1 s, the policy before
+issue 31 beside the new one (bench/horizon_bench.py).
+
 Run: python bench/compute_bench.py (after `pip install .`, or with
 VCUDA_LIB_DIR and PYTHONPATH pointing at a build and the checkout).
 """
@@ -20,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,11 +33,10 @@ from typing import NamedTuple
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from workload import BusySampler, build  # noqa: E402
+from workload import BusySampler, build, kill_all, scheduler  # noqa: E402
 
 from py_vcuda.launch import Tenant, tenant_env  # noqa: E402
 from py_vcuda.sim import SimConfig  # noqa: E402
-from token_scheduler.testing import AdminClient, spawn_daemon  # noqa: E402
 
 GOAL_PP = 2.0
 WARMUP_S = 2.0  # one scheduler window
@@ -82,33 +83,24 @@ def train(exe: Path, load: Load, seconds: float) -> list[str]:
 
 def run_tenants(exe: Path, tmp: Path, name: str, loads: list[Load], seconds: float) -> tuple[list[float], float]:
     """Shares of the GPU's work (percent) and the aggregate busy fraction over `seconds` after the warm-up."""
-    directory = Path(tempfile.mkdtemp(prefix="vcb", dir="/tmp"))  # unix socket paths are short
-    daemon = spawn_daemon(directory, "--window", "2s")
-    admin = AdminClient(directory / "admin.sock")
     base = sim_env(tmp, name)
-    procs: list[subprocess.Popen[str]] = []
-    try:
-        admin.wait_ready()
-        with BusySampler(Path(base["VCUDA_SIM_STATE"])) as sampler:
-            for i, load in enumerate(loads):
-                endpoint = admin.call("add", tenant=f"t{i}", request=load.request, limit=load.limit)["endpoint"]
-                env = tenant_env(Tenant(), base, tmp / f"{name}-t{i}.ledger")
-                env["VCUDA_SCHEDULER"] = str(endpoint)
-                procs.append(subprocess.Popen(train(exe, load, WARMUP_S + seconds + 5), env=env,
-                                              stdout=subprocess.DEVNULL))
-            start = time.monotonic_ns() + int(WARMUP_S * 1e9)
-            end = start + int(seconds * 1e9)
-            time.sleep(WARMUP_S + seconds + 0.2)
-        busy = [sampler.busy_between(p.pid, start, end) for p in procs]
-        window = sampler.window(start, end)
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-        admin.close()
-        daemon.kill()
-        daemon.wait()
-        shutil.rmtree(directory, ignore_errors=True)
+    procs: list[subprocess.Popen[bytes]] = []
+    with scheduler("--window", "2s") as (_, admin):
+        try:
+            with BusySampler(Path(base["VCUDA_SIM_STATE"])) as sampler:
+                for i, load in enumerate(loads):
+                    reply = admin.call("add", tenant=f"t{i}", request=load.request, limit=load.limit)
+                    env = tenant_env(Tenant(), base, tmp / f"{name}-t{i}.ledger")
+                    env["VCUDA_SCHEDULER"] = str(reply["endpoint"])
+                    procs.append(subprocess.Popen(train(exe, load, WARMUP_S + seconds + 5), env=env,
+                                                  stdout=subprocess.DEVNULL))
+                start = time.monotonic_ns() + int(WARMUP_S * 1e9)
+                end = start + int(seconds * 1e9)
+                time.sleep(WARMUP_S + seconds + 0.2)
+            busy = [sampler.busy_between(p.pid, start, end) for p in procs]
+            window = sampler.window(start, end)
+        finally:
+            kill_all(procs)
     return [100 * b / sum(busy) for b in busy], sum(busy) / window
 
 
@@ -122,7 +114,16 @@ def alone_busy(exe: Path, tmp: Path, seconds: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each configuration")
-    args = parser.parse_args(argv)
+    parser.add_argument("--horizons", action="store_true",
+                        help="instead: shares at every horizon, old and new policy (bench/horizon_bench.py; "
+                             "its options follow)")
+    args, rest = parser.parse_known_args(argv)
+    if args.horizons:
+        import horizon_bench
+
+        return horizon_bench.main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     worst = 0.0
     with tempfile.TemporaryDirectory(prefix="vcuda-bench-") as d:
         tmp = Path(d)

@@ -104,7 +104,7 @@ def shared(setup: Setup, name: str, priority: str) -> Shared:
     """The trainer and the inference under vcuda, the inference `priority`."""
     a = setup.args
     directory = Path(tempfile.mkdtemp(prefix="vlb", dir="/tmp"))  # unix socket paths are short
-    daemon = spawn_daemon(directory, "--window", "10s")
+    daemon = spawn_daemon(directory, "--window", "10s", "--short-horizon", a.short_horizon)
     admin = AdminClient(directory / "admin.sock")
     try:
         admin.wait_ready()
@@ -166,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-us", type=int, default=1000, help="trainer kernel length")
     parser.add_argument("--depth", type=int, default=1000, help="trainer launches between synchronizes")
     parser.add_argument("--core-inference", type=int, default=60, help="inference core request (trainer: the rest)")
+    parser.add_argument("--short-horizon", choices=["on", "off"], default="off",
+                        help="the scheduler's --short-horizon (default off, its default)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="vcuda-bench-") as d:
         tmp = Path(d)

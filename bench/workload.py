@@ -13,11 +13,15 @@ import bisect
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from py_vcuda.sim import SimReader
+from token_scheduler.testing import AdminClient, spawn_daemon
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,6 +33,28 @@ def build(out_dir: Path) -> Path:
     subprocess.run([cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", f"-I{REPO / 'libvcuda' / 'include'}",
                     "-o", str(exe), str(REPO / "bench" / "c" / "workload.c"), "-ldl", "-lm"], check=True)
     return exe
+
+
+@contextmanager
+def scheduler(*flags: str) -> Iterator[tuple[subprocess.Popen[bytes], AdminClient]]:
+    """A token_scheduler daemon (with `flags`) in a fresh directory, ready; then gone."""
+    directory = Path(tempfile.mkdtemp(prefix="vb", dir="/tmp"))  # unix socket paths are short
+    daemon = spawn_daemon(directory, *flags)
+    admin = AdminClient(directory / "admin.sock")
+    try:
+        admin.wait_ready()
+        yield daemon, admin
+    finally:
+        admin.close()
+        daemon.kill()
+        daemon.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def kill_all(procs: Iterable[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.kill()
+        p.wait()
 
 
 class BusySampler:

@@ -27,6 +27,7 @@ from kube_contract.names import Names
 from kube_contract.podresources import PodResourcesClient
 from node_state.containers import ContainerStore
 from node_state.daemon import StartError
+from node_state.gpu_driver import for_agent
 from node_state.gpus import Health, Inventory
 from node_state.health import HealthFactory
 from node_state.layout import NodeLayout
@@ -59,6 +60,7 @@ class Agent:
         self.store = ContainerStore(self.layout)
         self.names = Names(config.resource_domain, config.annotation_prefix)
         self.schedulers: dict[str, TokenScheduler] = {}
+        self.gpu_driver = for_agent(config.simulator, config.host_lib_dir)   # before the plugins: they hand it out
         children: list[Child] = []
         self.plugins = self._plugins(children)
         self.supervisor = Supervisor(children)
@@ -98,7 +100,7 @@ class Agent:
             raise StartError("no GPUs found on this node; nothing to offer")
         if cfg.mode == "pgpu":
             return pgpu.plugins(cfg.mig_strategy, self.inventory, self.health, self.store,
-                                device_list=cfg.device_list_strategy)
+                                device_list=cfg.device_list_strategy, gpu_driver=self.gpu_driver)
         inventory = self.shared_inventory()
         if self.inventory.mig.enabled:
             log.warning("GPU(s) %s are in MIG mode: never offered whole; each of their MIG instances is shared "
@@ -119,11 +121,12 @@ class Agent:
             children.extend(self.schedulers.values())
             ctx = vgpu.VGPUContext(inventory, self.health, self.names, cfg.node_name, self.pods,
                                    self.store, self.schedulers, host_lib, device_list=cfg.device_list_strategy,
-                                   opt_out_namespaces=cfg.allow_opt_out_namespaces)
+                                   opt_out_namespaces=cfg.allow_opt_out_namespaces, gpu_driver=self.gpu_driver)
             return [vgpu.CorePlugin(ctx), vgpu.MemoryPlugin(ctx)]
         daemons = {g.uuid: mps.MPSDaemon(g.uuid, self.layout, cfg.mps_control) for g in inventory.gpus}
         children.extend(daemons.values())
-        return [mps.MPSPlugin(inventory, self.health, self.store, daemons, device_list=cfg.device_list_strategy)]
+        return [mps.MPSPlugin(inventory, self.health, self.store, daemons, device_list=cfg.device_list_strategy,
+                              gpu_driver=self.gpu_driver)]
 
     def shared_inventory(self) -> Inventory:
         """What vgpu and mps modes share: the GPUs without MIG mode and every MIG instance

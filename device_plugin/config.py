@@ -36,6 +36,7 @@ Environment variables (all optional):
 ``VCUDA_PLUGIN_ALLOW_OPT_OUT_NAMESPACES`` namespaces whose pods may opt a GPU share out of libvcuda ("")
 ``VCUDA_PLUGIN_MIG_STRATEGY``      none, single or mixed (pgpu mode; NVIDIA's names)
 ``VCUDA_PLUGIN_MIG_CONFIG``        mig-parted layouts file, applied by node label (pgpu mode)
+``VCUDA_PLUGIN_SIMULATOR``         1: TEST ONLY, containers get the GPU simulator (node_state.gpu_driver)
 =================================  ===========================================
 """
 
@@ -55,6 +56,7 @@ from node_state.options import (
     GUARD_OPTIONS,
     KILL,
     REPORT,
+    SIMULATOR,
     ConfigError,
     Option,
     OptionTable,
@@ -119,6 +121,7 @@ OPTIONS: tuple[Option, ...] = (
            "(NVIDIA_VISIBLE_DEVICES), volume-mounts (/var/run/nvidia-container-devices/<uuid>), cdi-cri "
            "(CDI devices nvidia.com/gpu=<uuid>, Kubernetes >= 1.31); a comma list"),
     ALLOW_OPT_OUT_NAMESPACES,
+    SIMULATOR,
     Option("mig_strategy", "none", mig_strategy,
            "pgpu mode: how MIG devices are offered: none (whole GPUs without MIG mode), single (MIG devices "
            "as nvidia.com/gpu, one profile on the node) or mixed (nvidia.com/mig-<profile> per profile)"),
@@ -155,6 +158,7 @@ class PluginConfig:
     allow_opt_out_namespaces: frozenset[str] = frozenset()
     mig_strategy: str = "none"
     mig_config: Path | None = None
+    simulator: bool = False
 
 
 TABLE = OptionTable(OPTIONS, ENV_PREFIX, {"node_name": "NODE_NAME"})

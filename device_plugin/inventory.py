@@ -15,7 +15,9 @@ from device_plugin import device_list
 from device_plugin.kubelet import HEALTHY, UNHEALTHY, AllocationError
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from node_state.containers import ContainerStore
+from node_state.gpu_driver import NO_DRIVER
 from node_state.gpus import Health, Inventory
+from node_state.tenancy import Injection
 from py_vcuda.nvml import GPUInfo
 
 SEPARATOR = "::"
@@ -94,8 +96,9 @@ class NodeResource:
     """Base of the pgpu and mps resources: the node's GPUs, their health, the container records."""
 
     def __init__(self, inventory: Inventory, health: Health, store: ContainerStore, *,
-                 device_list: Sequence[str] = (device_list.ENVVAR,)) -> None:
+                 device_list: Sequence[str] = (device_list.ENVVAR,), gpu_driver: Injection = NO_DRIVER) -> None:
         self.inventory = inventory
+        self.gpu_driver = gpu_driver   # the driver's part of each container (node_state.gpu_driver)
         self.health = health
         self.store = store
         self.device_list = tuple(device_list)   # device_list strategies of its Allocate answers

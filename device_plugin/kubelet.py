@@ -23,6 +23,7 @@ import grpc
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from kube_contract.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from kube_contract.kubelet_socket import UnixGrpcServer, socket_identity
+from node_state.tenancy import Injection
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,12 @@ UNHEALTHY = "Unhealthy"
 def mount(host: Path, container: Path, read_only: bool) -> pb.Mount:
     """One mount of an Allocate response (a node_state.containers path, usually)."""
     return pb.Mount(host_path=str(host), container_path=str(container), read_only=read_only)
+
+
+def answer(edits: Injection) -> pb.ContainerAllocateResponse:
+    """An Allocate answer carrying a container's env and mounts (node_state.tenancy.gpu_container)."""
+    return pb.ContainerAllocateResponse(envs=edits.env, mounts=[mount(m.host, m.container, m.read_only)
+                                                                for m in edits.mounts])
 
 
 class AllocationError(Exception):

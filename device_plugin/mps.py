@@ -25,11 +25,14 @@ import grpc
 
 from device_plugin import device_list
 from device_plugin.inventory import NodeResource, logical_devices, parse_ids
-from device_plugin.kubelet import AllocationError, mount
+from device_plugin.kubelet import AllocationError, answer
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
+from node_state import tenancy
 from node_state.containers import ContainerStore, new_key
+from node_state.gpu_driver import NO_DRIVER
 from node_state.gpus import Health, Inventory
 from node_state.layout import ContainerRecord, NodeLayout, gpu_key
+from node_state.tenancy import Injection, Mount
 from py_vcuda.nvml import GPUInfo
 
 RESOURCE = "nvidia.com/mps-core"
@@ -141,8 +144,9 @@ class MPSPlugin(NodeResource):
     socket_name = "nvidia-mps-core.sock"
 
     def __init__(self, inventory: Inventory, health: Health, store: ContainerStore,
-                 daemons: Mapping[str, MPSDaemon], *, device_list: Sequence[str] = (device_list.ENVVAR,)) -> None:
-        super().__init__(inventory, health, store, device_list=device_list)
+                 daemons: Mapping[str, MPSDaemon], *, device_list: Sequence[str] = (device_list.ENVVAR,),
+                 gpu_driver: Injection = NO_DRIVER) -> None:
+        super().__init__(inventory, health, store, device_list=device_list, gpu_driver=gpu_driver)
         self.daemons = daemons
 
     def devices(self) -> list[pb.Device]:
@@ -183,8 +187,9 @@ class MPSPlugin(NodeResource):
             key=new_key(), mode="mps", resource=RESOURCE, device_ids=tuple(device_ids), gpus=(uuid,),
             core_request=share, core_limit=share, memory_limit=memory, created=time.time()))
         pipe = mps_dir(self.store.layout, uuid) / "pipe"
-        return device_list.apply(pb.ContainerAllocateResponse(
-            envs={"CUDA_MPS_PIPE_DIRECTORY": str(CONTAINER_PIPE_DIR),
-                  "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share),
-                  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory >> 20}M"},
-            mounts=[mount(pipe, CONTAINER_PIPE_DIR, read_only=False)]), [uuid], self.device_list)
+        edits = tenancy.gpu_container([uuid], self.gpu_driver,
+                                      env={"CUDA_MPS_PIPE_DIRECTORY": str(CONTAINER_PIPE_DIR),
+                                           "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share),
+                                           "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory >> 20}M"},
+                                      mounts=[Mount(pipe, CONTAINER_PIPE_DIR, read_only=False)])
+        return device_list.apply(answer(edits), [uuid], self.device_list)

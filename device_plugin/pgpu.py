@@ -30,13 +30,16 @@ import grpc
 
 from device_plugin import device_list
 from device_plugin.inventory import NodeResource, best_set, health_state, topology
-from device_plugin.kubelet import AllocationError
+from device_plugin.kubelet import AllocationError, answer
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
+from node_state import tenancy
 from node_state.containers import ContainerStore, new_key
 from node_state.daemon import StartError
+from node_state.gpu_driver import NO_DRIVER
 from node_state.gpus import Health, Inventory
 from node_state.layout import ContainerRecord
 from node_state.mig import MigDevice, Outcome, outcome
+from node_state.tenancy import Injection
 from py_vcuda.nvml import GPUInfo
 
 RESOURCE = "nvidia.com/gpu"
@@ -92,7 +95,7 @@ def _allocate(plugin: NodeResource, resource: str, device_ids: Sequence[str], uu
             key=new_key(), mode="pgpu", resource=resource, device_ids=tuple(device_ids), gpus=uuids,
             core_request=100 * len(uuids), core_limit=100 * len(uuids), memory_limit=None,
             created=time.time()))
-        return device_list.apply(pb.ContainerAllocateResponse(), uuids, plugin.device_list)
+        return device_list.apply(answer(tenancy.gpu_container(uuids, plugin.gpu_driver)), uuids, plugin.device_list)
 
 
 def mig_name(profile: str) -> str:
@@ -109,9 +112,9 @@ class MigPlugin(NodeResource):
     """MIG devices as one resource: those of one profile (mixed), or all of them as nvidia.com/gpu (single)."""
 
     def __init__(self, resource: str, socket_name: str, devices: Sequence[MigDevice], inventory: Inventory,
-                 health: Health, store: ContainerStore, *, device_list: Sequence[str] = (device_list.ENVVAR,)
-                 ) -> None:
-        super().__init__(inventory, health, store, device_list=device_list)
+                 health: Health, store: ContainerStore, *, device_list: Sequence[str] = (device_list.ENVVAR,),
+                 gpu_driver: Injection = NO_DRIVER) -> None:
+        super().__init__(inventory, health, store, device_list=device_list, gpu_driver=gpu_driver)
         self.resource = resource
         self.socket_name = socket_name
         self.migs = {d.uuid: d for d in devices}
@@ -175,7 +178,8 @@ def check_single(after: Outcome) -> str | None:
 
 
 def plugins(strategy: str, inventory: Inventory, health: Health, store: ContainerStore, *,
-            device_list: Sequence[str] = (device_list.ENVVAR,)) -> list[NodeResource]:
+            device_list: Sequence[str] = (device_list.ENVVAR,), gpu_driver: Injection = NO_DRIVER
+            ) -> list[NodeResource]:
     """The pgpu resources of this node under a MIG strategy (see the module docstring)."""
     whole = inventory.whole()
     mig = inventory.mig
@@ -187,12 +191,12 @@ def plugins(strategy: str, inventory: Inventory, health: Health, store: Containe
         if why:
             raise StartError(why)
         return [MigPlugin(RESOURCE, GPUPlugin.socket_name, mig.devices(), inventory, health, store,
-                          device_list=device_list)]
+                          device_list=device_list, gpu_driver=gpu_driver)]
     if strategy == "single":
         log.info("no GPU in MIG mode: mig-strategy single falls back to whole GPUs (as none)")
     out: list[NodeResource] = []
     if whole.gpus or strategy != "mixed" or not mig.enabled:
-        out.append(GPUPlugin(whole, health, store, device_list=device_list))
+        out.append(GPUPlugin(whole, health, store, device_list=device_list, gpu_driver=gpu_driver))
     if strategy == "mixed":
         for g in mig.gpus.values():
             if g.enabled and not g.devices:
@@ -202,5 +206,5 @@ def plugins(strategy: str, inventory: Inventory, health: Health, store: Containe
             by_profile.setdefault(d.profile, []).append(d)
         for profile, devs in sorted(by_profile.items()):
             out.append(MigPlugin(mig_resource(profile), f"nvidia-mig-{mig_name(profile)}.sock", devs,
-                                 inventory, health, store, device_list=device_list))
+                                 inventory, health, store, device_list=device_list, gpu_driver=gpu_driver))
     return out

@@ -26,15 +26,17 @@ import grpc
 from device_plugin import device_list
 from device_plugin import pods as podlib
 from device_plugin.inventory import best_set, logical_devices, parse_ids
-from device_plugin.kubelet import AllocationError, mount
+from device_plugin.kubelet import AllocationError, answer
 from device_plugin.quota import QuotaError, quota
 from kube_contract.api import deviceplugin_v1beta1_pb2 as pb
 from kube_contract.names import CORES_PER_GPU, MEMORY_UNIT_BYTES, Names
 from node_state import tenancy
 from node_state.containers import ContainerStore, new_key
+from node_state.gpu_driver import NO_DRIVER
 from node_state.gpus import Health, Inventory
 from node_state.layout import ContainerRecord
 from node_state.schedulers import SchedulerError, TokenScheduler, remove_tenant
+from node_state.tenancy import Injection
 from py_vcuda.nvml import GPUInfo
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,7 @@ class VGPUContext:
     host_lib: Path        # libvcuda.so on the host
     device_list: Sequence[str] = (device_list.ENVVAR,)          # how answers name the GPUs (device_list)
     opt_out_namespaces: Collection[str] = frozenset()           # whose shares may skip the preload
+    gpu_driver: Injection = NO_DRIVER                           # the driver's part (node_state.gpu_driver)
 
 
 def cores_of(_gpu: GPUInfo) -> int:
@@ -307,10 +310,9 @@ class CorePlugin:
 
     def _response(self, record: ContainerRecord, tenant_dir: Path | None,
                   disabled: bool) -> pb.ContainerAllocateResponse:
-        inj = tenancy.injection(self.ctx.store.layout, record, tenant_dir, self.ctx.host_lib, preload=not disabled)
-        resp = pb.ContainerAllocateResponse(envs=inj.env, mounts=[mount(m.host, m.container, m.read_only)
-                                                                  for m in inj.mounts])
-        return device_list.apply(resp, record.gpus, self.ctx.device_list)
+        inj = tenancy.injection(self.ctx.store.layout, record, tenant_dir, self.ctx.host_lib, preload=not disabled,
+                                driver=self.ctx.gpu_driver)
+        return device_list.apply(answer(inj), record.gpus, self.ctx.device_list)
 
 
 class MemoryPlugin:

@@ -28,6 +28,7 @@ from dra_driver.plugin import KubeletPlugin
 from kube_contract.events import EventRecorder
 from node_state.containers import ContainerStore
 from node_state.daemon import StartError
+from node_state.gpu_driver import for_agent
 from node_state.gpus import Health, Inventory
 from node_state.health import HealthFactory
 from node_state.layout import NodeLayout
@@ -62,6 +63,7 @@ class DriverAgent:
         if not host_lib.is_file():
             raise StartError(f"--host-lib-dir: {host_lib} does not exist; the DaemonSet's init step puts "
                              "libvcuda.so there for containers to mount")
+        gpu_driver = for_agent(config.simulator, config.host_lib_dir)
         self.config = config
         self.inventory = inventory
         self.nvml = nvml
@@ -85,7 +87,8 @@ class DriverAgent:
                              schedulers=self.schedulers, host_lib=host_lib, specs=SpecDir(config.cdi_dir),
                              checkpoint=Checkpoint(config.state_dir / CHECKPOINT_DIR), api=api,
                              opt_out_namespaces=config.allow_opt_out_namespaces, partitioner=self.partitioner,
-                             on_change=lambda: self.publisher.changed(), busy=lambda: self.publisher.busy())
+                             on_change=lambda: self.publisher.changed(), busy=lambda: self.publisher.busy(),
+                             gpu_driver=gpu_driver)
         self.plugin = KubeletPlugin(self.driver, plugin_dir=config.plugin_dir, registry_dir=config.registry_dir)
         known = versions or slices.DriverVersions()
         self.publisher = slices.SlicePublisher(api, config.node_name, functools.partial(self._pool, known),

@@ -21,6 +21,7 @@ Environment variables (all optional):
 ``VCUDA_DRA_LOG_LEVEL``            debug, info, warning, error
 ``VCUDA_DRA_ALLOW_OPT_OUT_NAMESPACES`` namespaces whose claims may opt a GPU share out of libvcuda ("")
 ``VCUDA_DRA_MIG``                  static (MIG instances that exist) or dynamic (also partitions made at prepare)
+``VCUDA_DRA_SIMULATOR``            1: TEST ONLY, containers get the GPU simulator (node_state.gpu_driver)
 =================================  ===========================================
 """
 
@@ -38,6 +39,7 @@ from node_state.options import (
     GUARD_OPTIONS,
     KILL,
     REPORT,
+    SIMULATOR,
     ConfigError,
     Option,
     OptionTable,
@@ -78,6 +80,7 @@ OPTIONS: tuple[Option, ...] = (
     *GUARD_OPTIONS,
     Option("log_level", "info", log_level, "debug, info, warning or error"),
     ALLOW_OPT_OUT_NAMESPACES,
+    SIMULATOR,
     Option("mig", STATIC, mig_mode, "static: offer the MIG instances that exist; dynamic: also offer every idle "
            "MIG-capable GPU as partitions (partitionable devices), made at prepare and destroyed at unprepare"),
 )
@@ -103,6 +106,7 @@ class DriverConfig:
     on_over_limit: str = REPORT
     allow_opt_out_namespaces: frozenset[str] = frozenset()
     mig: str = STATIC
+    simulator: bool = False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

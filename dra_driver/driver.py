@@ -51,9 +51,11 @@ from dra_driver.partitions import Partitioner
 from dra_driver.slices import offers
 from node_state import tenancy
 from node_state.containers import ContainerStore, new_key
+from node_state.gpu_driver import NO_DRIVER
 from node_state.gpus import Health, Inventory
 from node_state.layout import ContainerRecord
 from node_state.schedulers import SchedulerError, TokenScheduler, remove_tenant
+from node_state.tenancy import Injection
 from py_vcuda.nvml import GPUInfo
 from py_vcuda.quota_file import QUOTA_FILE
 
@@ -93,13 +95,15 @@ class Driver:
                  schedulers: Mapping[str, TokenScheduler], host_lib: Path, specs: cdi.SpecDir,
                  checkpoint: Checkpoint, api: ClaimSource, opt_out_namespaces: Collection[str] = frozenset(),
                  partitioner: Partitioner | None = None, on_change: Callable[[], None] = lambda: None,
-                 busy: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
+                 busy: Callable[[], AbstractContextManager[None]] = nullcontext,
+                 gpu_driver: Injection = NO_DRIVER) -> None:
         self.node = node
         self.inventory = inventory
         self.health = health
         self.store = store
         self.schedulers = schedulers
         self.host_lib = host_lib
+        self.gpu_driver = gpu_driver   # the driver's part of each container (node_state.gpu_driver)
         self.specs = specs
         self.checkpoint = checkpoint
         self.api = api
@@ -311,7 +315,8 @@ class Driver:
         devices = []
         for s in done.shares:
             edits = tenancy.injection(self.store.layout, s.record, tenancy.tenant_dir(self.schedulers, s.record),
-                                      self.host_lib, preload=s.record.extra.get("preload") != "0")
+                                      self.host_lib, preload=s.record.extra.get("preload") != "0",
+                                      driver=self.gpu_driver)
             devices.append(cdi.Device(s.cdi_name, edits))
         return devices
 

@@ -9,6 +9,9 @@ These are exactly the calls the Helm chart grants the driver
     pods            get                          the claim's pod, for its container names (monitoring)
     nodes           get                          the Node's UID, owner of our ResourceSlice
     resourceslices  list, create, update, delete the node's slice (dra_driver.slices)
+
+and GET /version (the layout of counter sets depends on it), which every client may read
+(the default ClusterRole system:public-info-viewer).
 """
 
 from __future__ import annotations
@@ -53,7 +56,14 @@ class KubeAPI:
         self._resource = client.ResourceV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
         self._slice_writes = _SliceWrites(api_client)
+        self._version = client.VersionApi(api_client)
         self.timeout = timeout
+
+    def server_version(self) -> dict[str, Any]:
+        """The API server's /version (VersionInfo: major, minor, gitVersion, ...)."""
+        api = self._version
+        return self._call("reading the API server's version", lambda: api.get_code(
+            _preload_content=False, _request_timeout=self.timeout))
 
     def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
         api = self._resource

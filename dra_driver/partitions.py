@@ -5,19 +5,23 @@ Every MIG-capable GPU whose profiles the driver knows has a pool of its own,
 every GPU's), holding its whole device ``gpu-<i>`` (while MIG mode is off). When
 the GPU has no work on it (no whole-GPU or shared claim prepared on it, no
 process on it, no MIG instance the driver did not make) the pool also offers its
-partitions, in two slices (counter sets and devices may not share a slice):
+partitions, built as one slice ``<node>-gpu.vcuda.io-gpu-<i>`` holding
 
-- ``<node>-gpu.vcuda.io-gpu-<i>-counters``: the counter set ``gpu-<i>-counters``
-  with one counter per memory slice position (``memory-slice-0`` ...), the
-  GPU's compute slices, its engines (copy engines, decoders, encoders, JPEG,
-  OFA, where a profile uses them) and, for a profile the GPU holds fewer of than
-  it has placements for (``1g.10gb+me``), its instance count;
-- ``<node>-gpu.vcuda.io-gpu-<i>``: one device per profile and placement
-  (``gpu-<i>-mig-1g-10gb-6``) consuming its memory slices, compute slices and
-  engines, and the whole GPU (``gpu-<i>``, while MIG mode is off) consuming
-  every counter. Two partitions that overlap both need one memory slice
-  counter of value 1, so the scheduler never picks both; the whole GPU and any
-  partition exclude each other the same way.
+- the counter set ``gpu-<i>-counters`` with one counter per memory slice
+  position (``memory-slice-0`` ...), the GPU's compute slices, its engines
+  (copy engines, decoders, encoders, JPEG, OFA, where a profile uses them)
+  and, for a profile the GPU holds fewer of than it has placements for
+  (``1g.10gb+me``), its instance count;
+- one device per profile and placement (``gpu-<i>-mig-1g-10gb-6``) consuming
+  its memory slices, compute slices and engines, and the whole GPU
+  (``gpu-<i>``, while MIG mode is off) consuming every counter. Two partitions
+  that overlap both need one memory slice counter of value 1, so the scheduler
+  never picks both; the whole GPU and any partition exclude each other the
+  same way.
+
+That is the layout Kubernetes 1.34 accepts; from 1.35 on a slice may not hold
+both, and the publisher moves the counter set to a slice of its own in the same
+pool, ``<node>-gpu.vcuda.io-gpu-<i>-counters`` (dra_driver.slices.lay_out).
 
 Prepare of a partition records the intent in the driver's MIG record
 (node_state.mig.MigRecord, ``dra/mig.json``) BEFORE making anything, turns MIG
@@ -217,7 +221,8 @@ class Partitioner:
     def pool(self, static: list[dict[str, Any]], healthy: Callable[[str], bool], view: MigView) -> Pools:
         """The node's pools: its own with the static devices (`static`, dra_driver.slices.devices) but the
         whole devices of the GPUs with profiles, each of which is in a pool of its own with, while it is
-        idle, its counter set and partitions."""
+        idle, its counter set and partitions (in one slice: dra_driver.slices.lay_out splits it where the
+        API server wants that)."""
         base = slice_name(self.node)
         main = list(static)
         per_gpu: Pools = {}
@@ -228,18 +233,16 @@ class Partitioner:
             mig = view.gpus.get(index)
             if mig is None or not healthy(mig.uuid):
                 continue
-            slices_: dict[str, dict[str, Any]] = {}
+            name = f"{base}-gpu-{index}"
             if self.partitionable(view, index) is None:
                 totals = counters(profiles)
-                slices_[f"{base}-gpu-{index}-counters"] = {"sharedCounters": [{
-                    "name": counter_set_name(index), "counters": {k: {"value": str(v)} for k, v in totals.items()}}]}
                 devices = [{**whole, "consumesCounters": _consumes(index, totals)}] if whole is not None else []
                 devices += self._partitions(mig.uuid, index, profiles, totals)
-                slices_[f"{base}-gpu-{index}"] = {"devices": devices}
+                per_gpu[pool_name(self.node, index)] = {name: {"sharedCounters": [{
+                    "name": counter_set_name(index), "counters": {k: {"value": str(v)} for k, v in totals.items()}}],
+                    "devices": devices}}
             elif whole is not None:   # busy: shared or taken whole, not partitioned
-                slices_[f"{base}-gpu-{index}"] = {"devices": [whole]}
-            if slices_:
-                per_gpu[pool_name(self.node, index)] = slices_
+                per_gpu[pool_name(self.node, index)] = {name: {"devices": [whole]}}
         return {self.node: {base: {"devices": main}}, **per_gpu}
 
     def _partitions(self, parent: str, index: int, profiles: Sequence[MigProfile], totals: Mapping[str, int]

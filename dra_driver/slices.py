@@ -18,6 +18,15 @@ NVLink-connected GPUs, comma separated, sorted). A MIG instance's uuid is its
 multiprocessors, slices (compute slices), gpuInstance, placementStart and placementSize
 (memory slices).
 
+Counter sets (partitionable devices, dra_driver.partitions) are laid out as the API server the
+driver talks to accepts them (`lay_out`): 1.34 takes a counter set only in the slice of the
+devices that consume it (``consumesCounters`` must name one of that slice's ``sharedCounters``);
+1.35 on refuse a slice with both, so the set goes to a slice of its own in the same pool
+(``<slice>-counters``; KEP-4815 as changed for 1.35). The builders put it beside its devices;
+the publisher reads the server's version (``/version``) at its first sync and again at each
+resync (a control plane upgraded under a running driver gets the other layout within
+`resync_s`; the pool is rewritten, the slice that no longer belongs deleted).
+
 `SlicePublisher` writes the slice when it starts, whenever a GPU's health
 changes (an unhealthy GPU leaves the slice, so no new claim lands on it; it
 comes back when it recovers), and checks it every `resync_s` (a slice someone
@@ -40,6 +49,7 @@ the driver's waits on the publisher: the API calls never run under a claim's loc
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -165,8 +175,46 @@ def devices(inventory: Inventory, healthy: Callable[[str], bool], versions: Driv
     return out
 
 
-Pool = dict[str, dict[str, Any]]   # slice name -> what its spec holds: {"devices": [...]} or {"sharedCounters": [...]}
+Pool = dict[str, dict[str, Any]]   # slice name -> what its spec holds: "devices", "sharedCounters" or both
 Pools = dict[str, Pool]            # pool name -> its slices
+
+# Where a counter set goes (lay_out): in the slice of the devices that consume it (1.34), or in a
+# slice of its own in the same pool (1.35 on).
+WITH_DEVICES, OWN_SLICE = "with-devices", "own-slice"
+SEPARATE_FROM = (1, 35)   # the first Kubernetes that wants OWN_SLICE (and refuses WITH_DEVICES)
+
+
+def server_version(info: dict[str, Any]) -> tuple[int, int] | None:
+    """(major, minor) of the API server from its /version answer (``gitVersion`` "v1.34.4-gke.100", else
+    ``major`` and ``minor``, which some distributions write "34+"); None when neither says."""
+    if m := re.match(r"v?(\d+)\.(\d+)", str(info.get("gitVersion") or "")):
+        return int(m[1]), int(m[2])
+    major, minor = (re.match(r"\d+", str(info.get(k) or "")) for k in ("major", "minor"))
+    return (int(major[0]), int(minor[0])) if major and minor else None
+
+
+def counter_layout(version: tuple[int, int] | None) -> str:
+    """The layout the API server of `version` accepts; an unknown version gets the current API's."""
+    return WITH_DEVICES if version is not None and version < SEPARATE_FROM else OWN_SLICE
+
+
+def lay_out(pools: Pools, layout: str) -> Pools:
+    """`pools` as built (each counter set in the slice of its devices) laid out as `layout` wants:
+    with OWN_SLICE a slice holding both becomes ``<name>-counters`` (its counter sets) and ``<name>``
+    (its devices), in that order, in the same pool."""
+    if layout == WITH_DEVICES:
+        return pools
+    out: Pools = {}
+    for pool, slices_ in pools.items():
+        laid: Pool = {}
+        for name, part in slices_.items():
+            if "sharedCounters" in part and "devices" in part:
+                laid[f"{name}-counters"] = {"sharedCounters": part["sharedCounters"]}
+                laid[name] = {k: v for k, v in part.items() if k != "sharedCounters"}
+            else:
+                laid[name] = part
+        out[pool] = laid
+    return out
 
 
 def resource_slice(node: str, node_uid: str | None, generation: int, devs: list[dict[str, Any]] | dict[str, Any],
@@ -189,6 +237,7 @@ class SliceAPI(Protocol):
     """The API calls the publisher makes (dra_driver.kube.KubeAPI); each raises on failure."""
 
     def node_uid(self, node: str) -> str: ...
+    def server_version(self) -> dict[str, Any]: ...
     def list_slices(self, node: str) -> list[Slice]: ...
     def create_slice(self, body: Slice) -> Slice: ...
     def replace_slice(self, body: Slice) -> Slice: ...
@@ -202,7 +251,8 @@ class Conflict(Exception):
 class SlicePublisher:
     """Keeps the node's pools in the API server. `build` gives the devices of the node's pool's one slice,
     or every pool by name with its slices by name (MIG partitions: a pool per partitionable GPU, its
-    counter set and its devices in separate slices; a change rewrites only the pool it is in)."""
+    counter set beside its devices; a change rewrites only the pool it is in), laid out as the API
+    server's version wants (`layout`, read at the first sync and at each resync)."""
 
     def __init__(self, api: SliceAPI, node: str, build: Callable[[], list[dict[str, Any]] | Pools], *,
                  resync_s: float = 60.0, retry_s: float = 0.5, max_retry_s: float = 30.0,
@@ -216,6 +266,7 @@ class SlicePublisher:
         self.max_retry_s = max_retry_s
         self.max_hold_s = max_hold_s   # the longest kubelet calls in flight hold one publication back
         self.generations: dict[str, int] = {}   # pool name -> its generation, as last written or seen
+        self.layout: str | None = None  # where counter sets go (lay_out): as the API server's version wants
         self.writes = 0                # successful creates and replaces, for tests and logs
         self.published = threading.Event()
         self._node_uid: str | None = None
@@ -304,8 +355,10 @@ class SlicePublisher:
 
         `local`: only our devices may have changed (changed()): when they did not (a MIG partition made
         on a GPU whose others are still offered), nothing is read or written; the resync checks the API
-        server."""
+        server (and its version)."""
         self._hold()
+        if not local or self.layout is None:
+            self._read_layout()
         if local and self._written:
             pools = self._pools()
             if self._parts(pools) == {name: (pool, part) for name, (pool, _rv, part) in self._written.items()}:
@@ -317,9 +370,21 @@ class SlicePublisher:
                 continue   # someone changed it under us: read it again
         raise Conflict(f"ResourceSlice {self.name} kept changing under the driver")
 
+    def _read_layout(self) -> None:
+        info = self.api.server_version()
+        version = server_version(info)
+        layout = counter_layout(version)
+        if layout != self.layout:
+            (log.warning if version is None else log.info)(
+                "API server %s: counter sets %s", info.get("gitVersion") or "of unknown version",
+                "in the slice of the devices that consume them (the 1.34 layout)" if layout == WITH_DEVICES
+                else "in a slice of their own (the layout of 1.35 on)")
+        self.layout = layout
+
     def _pools(self) -> Pools:
         built = self.build()
-        return built if isinstance(built, dict) else {self.node: {self.name: {"devices": built}}}
+        pools = built if isinstance(built, dict) else {self.node: {self.name: {"devices": built}}}
+        return lay_out(pools, self.layout or OWN_SLICE)
 
     @staticmethod
     def _parts(pools: Pools) -> dict[str, tuple[str, dict[str, Any]]]:

@@ -25,7 +25,10 @@ the DRA driver (dra_driver.kube):
 - resource.k8s.io/v1: GET /apis/resource.k8s.io/v1/namespaces/NS/resourceclaims/NAME;
   /apis/resource.k8s.io/v1/resourceslices: GET (list, ``fieldSelector``), POST (create: 409
   when the name is taken), and per NAME GET, PUT (replace: 409 unless ``metadata.resourceVersion``
-  is the stored one) and DELETE. Created objects get a ``uid``.
+  is the stored one) and DELETE. Created objects get a ``uid``. A slice written is checked
+  against the counter set rules of the server's `version` (`slice_problems`): 422 Invalid, as the
+  real API server answers, when it breaks one.
+- GET /version: the server's `version` (discovery's VersionInfo), 1.36.3 unless told otherwise.
 
 Every write becomes a watch event. Injection knobs: ``fail_requests`` answers that many
 next requests (any route) with 503; ``fail_bind`` (a message) fails every binding with 500;
@@ -58,6 +61,7 @@ V100 = ("Tesla V100-SXM2-32GB", 32 * GiB)
 
 _uids = itertools.count(1)
 DEFAULT_NAMES = Names()
+DEFAULT_VERSION = "1.36.3"   # the Kubernetes the fake API server is (FakeApiServer.version)
 
 
 def topology(node: str, gpus: list[tuple[str, int]] | int = 8, *,
@@ -142,9 +146,12 @@ class Request(NamedTuple):
 class FakeApiServer:
     """The fake API server (see the module docstring): ``objects[kind][key]`` holds the nodes
     (key: name) and pods (key: ``namespace/name``) as raw JSON; ``events[kind]`` every change
-    as (resourceVersion, type, object). Hold ``lock`` to read them while it serves."""
+    as (resourceVersion, type, object). Hold ``lock`` to read them while it serves. `version`
+    ("1.34.4"): what /version answers and whose ResourceSlice rules it applies; it may be changed
+    while it serves (a control plane upgraded under a driver)."""
 
-    def __init__(self, max_watch_s: float = 1.0) -> None:
+    def __init__(self, max_watch_s: float = 1.0, version: str = DEFAULT_VERSION) -> None:
+        self.version = version
         self.lock = threading.Condition()
         self.rv = 100
         self.objects: dict[str, dict[str, dict[str, Any]]] = {k: {} for k in KINDS}
@@ -226,6 +233,87 @@ REPLACEABLE = ("resourceslices", "secrets", "mutatingwebhookconfigurations")   #
 RESOURCE_API = "resource.k8s.io/v1"
 
 
+def version_info(version: str) -> dict[str, Any]:
+    """What GET /version answers for Kubernetes `version` ("1.34.4")."""
+    major, minor, _patch = version.split(".")
+    return {"major": major, "minor": minor, "gitVersion": f"v{version}", "gitCommit": "0" * 40,
+            "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.26.0",
+            "compiler": "gc", "platform": "linux/amd64"}
+
+
+def _minor(version: str) -> tuple[int, int]:
+    major, minor, *_ = version.split(".")
+    return int(major), int(minor)
+
+
+# Size limits on counters, as resource.k8s.io's validation has them (pkg/apis/resource/types.go):
+# 1.34.4's per slice and device, 1.36.3's per counter set, consumption and device.
+LIMITS_1_34 = {"devices": 128, "shared counters": 32, "counters per device": 32, "device counters": 1024}
+LIMITS_1_35 = {"devices": 128, "devices consuming counters": 64, "counter sets": 8, "counters per set": 32,
+               "consumptions per device": 2, "counters per consumption": 32}
+
+
+def slice_problems(spec: dict[str, Any], version: str) -> list[str]:
+    """What the API server of `version` refuses in a ResourceSlice's spec, of the rules this fake knows:
+    where a counter set may be, and the limits on counters (k8s.io/kubernetes pkg/apis/resource/validation,
+    validateResourceSliceSpec and validateDevice, at v1.34.4 and v1.36.3).
+
+    1.34: a device's ``consumesCounters`` names a counter set of the same slice's ``sharedCounters``, and
+    only its counters. 1.35 on (KEP-4815 as changed for 1.35): a slice holds ``sharedCounters`` or
+    ``devices``, never both; a device may consume counter sets of other slices of its pool."""
+    devices = spec.get("devices")
+    sets = spec.get("sharedCounters")
+    consumptions = [(f"spec.devices[{i}].consumesCounters[{j}]", c) for i, d in enumerate(devices or [])
+                    for j, c in enumerate(d.get("consumesCounters") or [])]
+    out = []
+    if _minor(version) < (1, 35):
+        limit = LIMITS_1_34
+        defined = {s.get("name"): set(s.get("counters") or {}) for s in sets or []}
+        for path, c in consumptions:
+            if c.get("counterSet") not in defined:
+                out.append(f'{path}.counterSet: Invalid value: "{c.get("counterSet")}": must reference a '
+                           "counterSet defined in the ResourceSlice sharedCounters")
+                continue
+            out += [f'{path}.counters: Invalid value: "{name}": must reference a counter defined in the '
+                    "ResourceSlice sharedCounters" for name in c.get("counters") or {}
+                    if name not in defined[c["counterSet"]]]
+        for i, d in enumerate(devices or []):
+            n = sum(len(c.get("counters") or {}) for c in d.get("consumesCounters") or [])
+            if n > limit["counters per device"]:
+                out.append(f"spec.devices[{i}]: Invalid value: {n}: the total number of counters must not "
+                           f"exceed {limit['counters per device']}")
+        n = sum(len(c.get("counters") or {}) for _, c in consumptions)
+        if n > limit["device counters"]:
+            out.append(f"spec.devices: Invalid value: {n}: the total number of counters in devices must not "
+                       f"exceed {limit['device counters']}")
+        n = sum(len(s.get("counters") or {}) for s in sets or [])
+        if n > limit["shared counters"]:
+            out.append(f"spec.sharedCounters: Invalid value: {n}: the total number of shared counters must not "
+                       f"exceed {limit['shared counters']}")
+        most = limit["devices"]
+    else:
+        limit = LIMITS_1_35
+        if sets is not None and devices is not None:
+            out.append('spec: Invalid value: "": only one of `sharedCounters` or `devices` is allowed')
+        if len(sets or []) > limit["counter sets"]:
+            out.append(f"spec.sharedCounters: Too many: {len(sets or [])}: must have at most "
+                       f"{limit['counter sets']} items")
+        out += [f"spec.sharedCounters[{i}].counters: Too many: {len(s.get('counters') or {})}: must have at most "
+                f"{limit['counters per set']} items" for i, s in enumerate(sets or [])
+                if len(s.get("counters") or {}) > limit["counters per set"]]
+        for i, d in enumerate(devices or []):
+            if len(d.get("consumesCounters") or []) > limit["consumptions per device"]:
+                out.append(f"spec.devices[{i}].consumesCounters: Too many: {len(d['consumesCounters'])}: must "
+                           f"have at most {limit['consumptions per device']} items")
+        out += [f"{path}.counters: Too many: {len(c.get('counters') or {})}: must have at most "
+                f"{limit['counters per consumption']} items" for path, c in consumptions
+                if len(c.get("counters") or {}) > limit["counters per consumption"]]
+        most = limit["devices consuming counters" if consumptions else "devices"]
+    if len(devices or []) > most:
+        out.append(f"spec.devices: Too many: {len(devices or [])}: must have at most {most} items")
+    return out
+
+
 def _key(kind: str, meta: dict[str, Any]) -> str:
     return meta["name"] if kind in CLUSTER_SCOPED else f"{meta['namespace']}/{meta['name']}"
 
@@ -233,6 +321,8 @@ def _key(kind: str, meta: dict[str, Any]) -> str:
 def _route(path: str) -> tuple[str, str | None, str | None] | None:
     """(kind, key or None for the collection, subresource or None) of an API path; None: no route."""
     match path.strip("/").split("/"):
+        case ["version"]:
+            return "version", None, None
         case ["apis", "resource.k8s.io", "v1", "resourceslices"]:
             return "resourceslices", None, None
         case ["apis", "resource.k8s.io", "v1", "resourceslices", name]:
@@ -326,6 +416,8 @@ class _Handler(BaseHTTPRequestHandler):
         match failing, self.command, _route(url.path):
             case True, _, _:
                 response = _failure(503, "ServiceUnavailable", "the fake API server is unavailable on purpose")
+            case _, "GET", ("version", None, None):
+                response = 200, version_info(api.version)
             case _, "GET", (kind, None, None) if query.get("watch") == "true":
                 self._watch(kind, selector, int(query.get("resourceVersion") or 0),
                             min(float(query.get("timeoutSeconds") or 1), api.max_watch_s))
@@ -409,6 +501,8 @@ class _Handler(BaseHTTPRequestHandler):
             key = _key(kind, body.get("metadata") or {})
             if self.api.get(kind, key) is not None:
                 return _failure(409, "AlreadyExists", f'{kind} "{key}" already exists')
+            if (invalid := self._invalid(kind, key, body)) is not None:
+                return invalid
             body["metadata"]["uid"] = f"{kind}-uid-{next(_uids)}"
             return 201, self.api.put(kind, body)
 
@@ -420,8 +514,18 @@ class _Handler(BaseHTTPRequestHandler):
             if (body.get("metadata") or {}).get("resourceVersion") != stored["metadata"]["resourceVersion"]:
                 return _failure(409, "Conflict", f'Operation cannot be fulfilled on {kind} "{key}": the object '
                                 "has been modified; please apply your changes to the latest version and try again")
+            if (invalid := self._invalid(kind, key, body)) is not None:
+                return invalid
             body["metadata"]["uid"] = stored["metadata"].get("uid")
             return 200, self.api.put(kind, body)
+
+    def _invalid(self, kind: str, key: str, body: dict[str, Any]) -> Response | None:
+        """422 Invalid when the API server of this version refuses the object (ResourceSlices' rules)."""
+        problems = slice_problems(body.get("spec") or {}, self.api.version) if kind == "resourceslices" else []
+        if not problems:
+            return None
+        listed = problems[0] if len(problems) == 1 else f"[{', '.join(problems)}]"
+        return _failure(422, "Invalid", f'{KINDS[kind]}.resource.k8s.io "{key}" is invalid: {listed}')
 
     def _delete(self, kind: str, key: str) -> Response:
         with self.api.lock:

@@ -21,5 +21,7 @@ Modules, one job each:
 - ``metrics``, ``metrics_text``  the Prometheus exporter over metrics_snapshot (METRICS.md)
 - ``options``    the node daemons' option tables: flag > env > file > default, validated
 - ``daemon``     a node daemon's life: logging, NVML, health, its agent, until SIGTERM
+- ``gpu_driver`` what the driver puts in every GPU container: nothing of ours on a real node, the GPU
+                 simulator's libraries and state in the e2e tier (test only, ``--simulator``)
 - ``testing``    test doubles: GPUs with the simulator's UUIDs, wait_for
 """

@@ -141,6 +141,15 @@ ALLOW_OPT_OUT_NAMESPACES = Option(
     "ignored (vgpu, with a warning) or refused (DRA). Whole GPUs may always opt out ('' : no namespace)")
 
 
+# Both node daemons take it: test only (the e2e tier, chart value testing.simulator).
+SIMULATOR = Option(
+    "simulator", False, switch,
+    "TEST ONLY: the node's GPUs are the GPU simulator's (the agent's VCUDA_REAL_LIBNVML and VCUDA_SIM_STATE); "
+    "every GPU container gets the simulator's libraries (from --host-lib-dir) and shared state as NVIDIA's "
+    "container toolkit would bring the driver's (node_state.gpu_driver). Refused unless the agent runs on the "
+    "simulator")
+
+
 @dataclass(frozen=True)
 class OptionTable:
     """Options with their env prefix: flags, env, file and defaults merged by precedence.

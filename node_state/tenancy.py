@@ -8,6 +8,10 @@ of them made it. What goes in the container (**contract** with libvcuda):
 
     NVIDIA_VISIBLE_DEVICES   the record's GPUs (the device-list strategy may rewrite it:
                              device_plugin.device_list)
+    the driver's part        node_state.gpu_driver: nothing of ours on a real node (NVIDIA's container
+                             toolkit brings the driver), the simulator's libraries and state in the
+                             e2e tier. Every GPU container gets it here (`gpu_container`), whatever
+                             the mode: pgpu and mps answers start from it too
     mounts: the directory's quota/ part (read-only, /run/vcuda-quota), its shared/ part,
             libvcuda, the tenant's socket directory, and /etc/ld.so.preload unless the
             operator let the container opt out (device_plugin.vgpu, dra_driver.driver)
@@ -20,7 +24,7 @@ where it should mean that the pod's own spec tried to loosen its quota.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,9 +91,17 @@ def set_up(store: ContainerStore, schedulers: Mapping[str, TokenScheduler], reco
         raise
 
 
+def gpu_container(gpus: Sequence[str], driver: Injection, env: Mapping[str, str] | None = None,
+                  mounts: Sequence[Mount] = ()) -> Injection:
+    """What every GPU container gets, in every mode (vgpu, pgpu, mps, DRA): its GPUs named
+    (NVIDIA_VISIBLE_DEVICES), the driver's part (node_state.gpu_driver), then `env` and `mounts`."""
+    return Injection({"NVIDIA_VISIBLE_DEVICES": ",".join(gpus), **driver.env, **(env or {})},
+                     (*driver.mounts, *mounts))
+
+
 def injection(layout: NodeLayout, record: ContainerRecord, tenant: Path | None, host_lib: Path, *,
-              preload: bool) -> Injection:
-    env = {"NVIDIA_VISIBLE_DEVICES": ",".join(record.gpus)}
+              preload: bool, driver: Injection) -> Injection:
+    """A shared-GPU container's (vgpu Allocate, DRA prepare): gpu_container with its directory and libvcuda."""
     mounts = [Mount(layout.quota_dir(record.key), CONTAINER_QUOTA_DIR, read_only=True),
               Mount(layout.shared_dir(record.key), CONTAINER_DIR, read_only=False),
               Mount(host_lib, CONTAINER_LIB, read_only=True)]
@@ -97,4 +109,4 @@ def injection(layout: NodeLayout, record: ContainerRecord, tenant: Path | None, 
         mounts.append(Mount(tenant, CONTAINER_SCHED_DIR, read_only=False))
     if preload:
         mounts.append(Mount(layout.container_dir(record.key) / PRELOAD_FILE, PRELOAD_TARGET, read_only=True))
-    return Injection(env, tuple(mounts))
+    return gpu_container(record.gpus, driver, mounts=mounts)

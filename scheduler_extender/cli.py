@@ -101,6 +101,18 @@ def run(args: argparse.Namespace) -> int:
     except Exception as e:  # no cluster credentials at all
         print(f"vcuda extender: cannot reach Kubernetes: {e}", file=sys.stderr)
         return 1
+    state = ClusterState(names, reservation_ttl=args.reservation_ttl)
+    syncer = Syncer(api, state, watch_timeout=args.watch_timeout)
+    extender = Extender(state, KubeBinder(api), default_policy=Policy(args.default_policy))
+    server = ExtenderServer(address, extender, ready=syncer.ready)
+
+    def stop(signum: int, _frame: object) -> None:
+        log.info("signal %d: shutting down", signum)
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    # Before anything serves: a SIGTERM that comes as soon as the webhook answers must stop us cleanly.
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     webhook = None
     if hook is not None:
         from .webhook.app import Webhook
@@ -110,25 +122,14 @@ def run(args: argparse.Namespace) -> int:
             webhook.start()
         except (OSError, StoreError) as e:
             print(f"vcuda extender: webhook: {e}", file=sys.stderr)
+            server.server_close()
             return 1
         log.info("webhook serving on https://%s:%d/mutate-pods (%s -> schedulerName %s)",
                  *webhook.server.server_address[:2], ",".join(sorted(hook.rules.resources)),
                  hook.rules.scheduler_name)
-
-    state = ClusterState(names, reservation_ttl=args.reservation_ttl)
-    syncer = Syncer(api, state, watch_timeout=args.watch_timeout)
-    extender = Extender(state, KubeBinder(api), default_policy=Policy(args.default_policy))
-    server = ExtenderServer(address, extender, ready=syncer.ready)
     syncer.start()
     # Once the first lists are in, take the node map out of the collector's scans.
     threading.Thread(target=lambda: syncer.wait_ready(600) and tune_gc(), daemon=True).start()
-
-    def stop(signum: int, _frame: object) -> None:
-        log.info("signal %d: shutting down", signum)
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     log.info("serving on %s:%d (resources %s, %s; default policy %s)", *server.server_address[:2],
              names.core_resource, names.memory_resource, args.default_policy)
     try:

@@ -44,6 +44,7 @@ COMBINATIONS: dict[str, tuple[str, ...]] = {
                     "monitoring.enabled=false,crl.enabled=false,devicePlugin.pgpu.migStrategy=none,"
                     "image.repository=registry.example.com/vcuda,image.tag=0.1.0-dev,"
                     "imagePullSecrets[0].name=regcred,nodeSelector.pool=gpu"),
+    "simulator": ("--set", "testing.simulator=true,dra.enabled=true"),
 }
 
 

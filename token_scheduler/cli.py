@@ -56,6 +56,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-high", type=_duration, default="200us",
                         help="the same for `high` tenants: short, since others wait meanwhile and a "
                              "`high` tenant gets the token back within the budget (default 200us)")
+    parser.add_argument("--short-horizon", choices=["on", "off"], default="off",
+                        help="on: hold requests and limits over any 100 ms and any 1 s, not only over "
+                             "--window: a tenant back from idle neither bursts past its limit nor "
+                             "starves a neighbour within its request (on the simulator it still "
+                             "costs tenants 1-5 pp of their request); off: the window alone "
+                             "(default off)")
+    parser.add_argument("--allowance", type=_duration, default="8ms",
+                        help="with --short-horizon on, what a capped tenant may run over its limit in "
+                             "any 100 ms or 1 s, and the credit idle time earns (default 8ms)")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"], help="default info")
 
@@ -65,7 +74,8 @@ def config_from_args(args: argparse.Namespace) -> PolicyConfig:
                         quantum_max_ns=args.quantum_max, grace_ns=args.grace,
                         budget_ns=args.budget, budget_high_ns=args.budget_high,
                         revoke_grace_ns=args.revoke_grace, idle_ns=args.idle,
-                        idle_high_ns=args.idle_high)
+                        idle_high_ns=args.idle_high, short_horizon=args.short_horizon == "on",
+                        allowance_ns=args.allowance)
 
 
 def run(args: argparse.Namespace) -> int:

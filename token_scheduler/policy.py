@@ -13,6 +13,12 @@ Rules (DESIGN.md, token_scheduler):
   otherwise least usage first, so the GPU never idles while someone may run;
 - quantum follows each tenant's measured bursts, within bounds;
 - a lease not released by expiry + grace is reclaimed without the holder;
+- requests and limits also hold over any 100 ms and any 1 s (short_horizon): a
+  capped tenant is paced at its limit (credit for idle time capped at a small
+  allowance), its GPU time over exact 100 ms and 1 s windows stays within limit +
+  allowance, one lease is at most its limit of 100 ms; "below request" is credit
+  earned at the request's rate now, not a deficit over the window, so a tenant
+  back from idle neither bursts nor starves a neighbour (issue 31);
 - priority buys latency, never GPU time: a waiting `high` tenant that the
   rules above would serve before the holder's tenant revokes a `normal`
   holder's lease at once (`preempt`); the holder has its in-flight budget
@@ -32,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .errors import ErrorCode, PolicyError
+from .horizon import RateBucket, ShortHorizon, Trail
 
 MS = 1_000_000
 SECOND = 1_000_000_000
@@ -76,6 +83,17 @@ class PolicyConfig:
     max_waiting_per_tenant: int = 1024
     wait_samples: int = 4096  # recent waits kept per tenant for percentiles
     expired_memory: int = 64  # recently expired leases kept per tenant for late releases
+    # Requests and limits at short horizons (horizon.py). Off (the default for now): only
+    # the window counts, and a tenant back from idle bursts, then cycles (issue 31). On
+    # the simulator the short horizons still cost tenants 1-5 pp of their request (see
+    # README, Compute quotas), so they are opt-in until that is fixed.
+    short_horizon: bool = False
+    # A capped tenant's GPU time over any interval of each horizon stays under its limit
+    # + allowance; one lease is at most its limit of the first horizon, so it runs about
+    # once per that horizon. Idle time earns little credit (Policy._short_horizon), time
+    # waiting for the token up to the longest horizon's worth.
+    horizons_ns: tuple[int, ...] = (100 * MS, 1 * SECOND)
+    allowance_ns: int = 8 * MS
 
     def __post_init__(self) -> None:
         if self.window_ns <= 0:
@@ -88,6 +106,10 @@ class PolicyConfig:
             raise ValueError("grace must be >= 0")
         if not 0 < self.budget_high_ns <= self.budget_ns:
             raise ValueError("need 0 < budget-high <= budget")
+        if self.allowance_ns < 0:
+            raise ValueError("allowance must be >= 0")
+        if not self.horizons_ns or any(h <= 0 for h in self.horizons_ns):
+            raise ValueError("horizons must be positive")
 
     @property
     def normal_budget_ns(self) -> int:
@@ -260,6 +282,7 @@ class Tenant:
     waiting: OrderedDict[ClientId, Waiter] = field(default_factory=OrderedDict)
     expired: OrderedDict[int, ExpiredLease] = field(default_factory=OrderedDict)
     stats: TenantStats = field(default_factory=TenantStats)
+    short: ShortHorizon | None = None  # with PolicyConfig.short_horizon
 
 
 def percentile(sorted_values: list[int], fraction: float) -> int:
@@ -294,16 +317,53 @@ class Policy:
         if name in self.tenants:
             raise ValueError(f"tenant {name!r} exists")
         initial = max(self.config.quantum_min_ns, self.config.quantum_max_ns // 5)
-        self.tenants[name] = Tenant(name, request, limit, float(initial), self.clock(), priority)
+        now = self.clock()
+        tenant = Tenant(name, request, limit, float(initial), now, priority)
+        cfg = self.config
+        if cfg.short_horizon:
+            tenant.short = self._short_horizon(request, limit, now)
+        self.tenants[name] = tenant
         self._update_budget()
 
+    def _short_horizon(self, request: int, limit: int, now: int) -> ShortHorizon:
+        """A tenant's short-horizon records, as after a long idle.
+
+        Idle time earns little: toward the limit half the allowance, toward the request
+        the allowance and the request's share of the shortest horizon (a bursty tenant,
+        an inference server, stays below its request through a burst of that much, as
+        with the window). Time waiting for the token is owed up to the longest horizon,
+        so that waiting behind others' leases loses nothing (the horizons' windows
+        bound how fast it is made up). The limit's debt is never
+        forgiven (it is the cap); surplus time above the request is remembered for one
+        lease only, so that a tenant that ran above its request while others idled is
+        below it again soon after they come back."""
+        cfg = self.config
+        allowance = cfg.allowance_ns
+        return ShortHorizon(
+            RateBucket(limit, allowance // 2, self._owed_cap(limit), cfg.window_ns, now),
+            RateBucket(request, allowance + request * cfg.horizons_ns[0] // 100, self._owed_cap(request),
+                       allowance + cfg.quantum_max_ns, now),
+            Trail(max(cfg.horizons_ns)))
+
+    def _owed_cap(self, percent: int) -> int:
+        """The most credit a tenant at `percent` banks waiting: the longest horizon's worth."""
+        return self.config.allowance_ns + percent * max(self.config.horizons_ns) // 100
+
     def update_tenant(self, name: str, request: int, limit: int, priority: str | None = None) -> None:
-        """Live quota change: used by the next decision, history is kept."""
+        """Live quota change: used by the next decision; the window's history is kept."""
         validate_quota(request, limit)
         if priority is not None:
             validate_priority(priority)
         tenant = self._tenant(name)
         tenant.request, tenant.limit = request, limit
+        if tenant.short is not None:
+            # The new quota holds over every interval from the change on: what was held
+            # before, at the old rate, neither blocks a lowered limit nor is owed; and a
+            # change is no idle time, so no allowance either.
+            now = self.clock()
+            tenant.short.pace.restart(limit, self._owed_cap(limit), now)
+            tenant.short.due.restart(request, self._owed_cap(request), now)
+            tenant.short.trail = Trail(max(self.config.horizons_ns))
         if priority is not None:
             tenant.priority = priority
         self._recheck_at = None
@@ -325,7 +385,14 @@ class Policy:
         it, a `high` holder is queued behind), else the normal budget."""
         tenant = self.tenants.get(tenant_name)
         own = 1 if tenant is not None and tenant.priority == HIGH else 0
-        return self.config.budget_high_ns if len(self._high) > own else self.config.normal_budget_ns
+        if len(self._high) > own:
+            return self.config.budget_high_ns
+        if tenant is not None and tenant.short is not None and tenant.limit < 100:
+            # A quarter of its longest lease, as for everyone: its overrun stays small
+            # beside the lease, and within the allowance of its shortest horizon.
+            lease = tenant.limit * self.config.horizons_ns[0] // 100
+            return max(self.config.budget_high_ns, min(self.config.normal_budget_ns, lease // 4))
+        return self.config.normal_budget_ns
 
     def idle_ns(self, tenant_name: str) -> int:
         """How long the tenant's holders wait for their next launch before releasing."""
@@ -382,7 +449,7 @@ class Policy:
             tail = min(max(held_ns - observed, 0), self.budget_ns(tenant_name))
             held = min(max(held_ns, 0), observed + tail)
             # Charge what the scheduler saw: an idle holder still blocked others.
-            tenant.usage.add(lease.charged_from, now + tail)
+            self._charge(tenant, lease.charged_from, now + tail)
             self._charged_until = now + tail
             self._note_overrun(tenant, held, lease.quantum_ns)
             if not lease.revoked_at:  # a revoked hold was cut short: it says nothing of the burst
@@ -396,7 +463,7 @@ class Policy:
             # The holder ran past the reclaim: charge the rest of its real hold.
             held = min(max(held_ns, 0), now - late.granted_at)
             if held > late.charged_ns:
-                tenant.usage.add(late.granted_at + late.charged_ns, late.granted_at + held)
+                self._charge(tenant, late.granted_at + late.charged_ns, late.granted_at + held)
             self._note_overrun(tenant, held, late.quantum_ns)
         if more:
             self.request(tenant_name, client, 0, seq)
@@ -417,11 +484,16 @@ class Policy:
             if lease_id in tenant.expired and tenant.expired[lease_id].client == client:
                 raise PolicyError(ErrorCode.LEASE_EXPIRED, "lease already reclaimed", lease_id)
             raise PolicyError(ErrorCode.STALE_LEASE, "unknown lease", ref=lease_id)
-        at_limit = self._usage(tenant, now) > self._share_ns(tenant, tenant.limit, now)
+        quantum = self._quantum(tenant, 0)
+        if tenant.short is None:
+            at_limit = self._usage(tenant, now) > self._share_ns(tenant, tenant.limit, now)
+        elif tenant.limit < 100:
+            at_limit = self._capped_wait(tenant, tenant.short, now, quantum, None, lease.charged_from) > 0
+        else:
+            at_limit = False
         if at_limit or lease.revoked_at or not self._holder_comes_first(tenant, now):
             tenant.stats.renew_denied += 1
             raise PolicyError(ErrorCode.RENEW_DENIED, "others waiting or at limit", lease_id)
-        quantum = self._quantum(tenant, 0)
         lease.expires_at = now + quantum
         lease.reclaim_at = lease.expires_at + self.config.grace_ns
         lease.quantum_ns = lease.expires_at - lease.granted_at  # an overrun is what runs past its end
@@ -436,7 +508,7 @@ class Policy:
         tenant.waiting.pop(client, None)
         lease = self.lease
         if lease is not None and lease.tenant == tenant_name and lease.client == client:
-            tenant.usage.add(lease.charged_from, max(lease.charged_from, self.clock()))
+            self._charge(tenant, lease.charged_from, max(lease.charged_from, self.clock()))
             self.lease = None
 
     def client_state(self, tenant_name: str, client: ClientId) -> tuple[int, int]:
@@ -480,6 +552,35 @@ class Policy:
                 return None
             self._expire(lease, now)
         self._recheck_at = None
+        tenant, quantum, recheck = self._pick_short(now) if self.config.short_horizon else self._pick(now)
+        if tenant is None:
+            self._recheck_at = recheck
+            return None
+        client, waiter = tenant.waiting.popitem(last=False)
+        if tenant.short is not None:
+            tenant.short.settle(now, waiter.since)
+        lease_id = (self.epoch << 32) | self._next_lease
+        self._next_lease = self._next_lease % 0xFFFFFFFF + 1
+        self.lease = Lease(tenant.name, client, lease_id, now, now + quantum, quantum,
+                           now + quantum + self.config.grace_ns,
+                           charged_from=max(now, self._charged_until))
+        stats = tenant.stats
+        stats.grants += 1
+        waited = now - waiter.since
+        stats.waits_ns.append(waited)
+        if len(stats.waits_ns) > self.config.wait_samples:
+            stats.waits_ns.popleft()
+        if waiter.preempted:
+            stats.preempt_waits_ns.append(waited)
+            if len(stats.preempt_waits_ns) > self.config.wait_samples:
+                stats.preempt_waits_ns.popleft()
+        stats.wait_buckets[bisect_left(WAIT_BUCKETS_NS, waited)] += 1
+        stats.wait_sum_ns += waited
+        return Grant(tenant.name, client, lease_id, quantum, now, waiter.seq)
+
+    def _pick(self, now: int) -> tuple[Tenant | None, int, int | None]:
+        """By the window alone (short_horizon off): the waiting tenant to serve and its
+        lease, or None and when a tenant blocked at its limit may run."""
         best: tuple[tuple[int, int, int], Tenant] | None = None
         recheck: int | None = None
         window = self.config.window_ns
@@ -502,29 +603,74 @@ class Policy:
             if best is None or key < best[0]:
                 best = (key, tenant)
         if best is None:
-            self._recheck_at = recheck
-            return None
-        tenant = best[1]
-        client, waiter = tenant.waiting.popitem(last=False)
-        quantum = self._quantum(tenant, waiter.predicted_ns)
-        lease_id = (self.epoch << 32) | self._next_lease
-        self._next_lease = self._next_lease % 0xFFFFFFFF + 1
-        self.lease = Lease(tenant.name, client, lease_id, now, now + quantum, quantum,
-                           now + quantum + self.config.grace_ns,
-                           charged_from=max(now, self._charged_until))
-        stats = tenant.stats
-        stats.grants += 1
-        waited = now - waiter.since
-        stats.waits_ns.append(waited)
-        if len(stats.waits_ns) > self.config.wait_samples:
-            stats.waits_ns.popleft()
-        if waiter.preempted:
-            stats.preempt_waits_ns.append(waited)
-            if len(stats.preempt_waits_ns) > self.config.wait_samples:
-                stats.preempt_waits_ns.popleft()
-        stats.wait_buckets[bisect_left(WAIT_BUCKETS_NS, waited)] += 1
-        stats.wait_sum_ns += waited
-        return Grant(tenant.name, client, lease_id, quantum, now, waiter.seq)
+            return None, 0, recheck
+        return best[1], self._quantum(best[1], next(iter(best[1].waiting.values())).predicted_ns), None
+
+    def _pick_short(self, now: int) -> tuple[Tenant | None, int, int | None]:
+        """`_pick` with requests and limits at short horizons: the tenant to serve and its
+        lease, or None and the recheck time. A capped tenant runs when its pace and every
+        horizon allow its lease. First come the tenants below their request now (credit at
+        the request's rate: idle time earns little), then those below it over the window
+        only, then the least used; `high` first in each of the first two."""
+        best: tuple[tuple[int, int, int], Tenant, int] | None = None
+        recheck: int | None = None
+        window = self.config.window_ns
+        for tenant in self.tenants.values():
+            if not tenant.waiting:
+                continue
+            short = tenant.short
+            assert short is not None
+            first = next(iter(tenant.waiting.values()))
+            lease = self._quantum(tenant, first.predicted_ns)
+            if tenant.limit < 100:
+                wait = self._capped_wait(tenant, short, now, lease, first.since, None)
+                if wait > 0:
+                    at = now + max(wait, RECHECK_MIN_NS)
+                    recheck = at if recheck is None or at < recheck else recheck
+                    continue
+            high = tenant.priority == HIGH
+            credit = short.due.level(now, first.since)
+            if credit > 0:  # the longest owed first: credit in wall time at its request's rate
+                key = (0 if high else 1, -credit * 100 // tenant.request, first.since)
+            else:
+                # Then below request over the window (after every tenant below it now: the
+                # window's deficit may be idle time), then the least used.
+                used = tenant.usage.usage(now, window)
+                age = now - tenant.added_at
+                deficit = tenant.request * (window if age >= window else max(1, age)) // 100 - used
+                key = (2 if high else 3, -deficit, first.since) if deficit > 0 else (4, used, first.since)
+            if best is None or key < best[0]:
+                best = (key, tenant, lease)
+        return (best[1], best[2], None) if best else (None, 0, recheck)
+
+    def _capped_wait(self, tenant: Tenant, short: ShortHorizon, now: int, quantum: int,
+                     waiting_since: int | None, holding_since: int | None) -> int:
+        """How long until a lease of `quantum` from now keeps the tenant within its limit
+        (0: it may run now): its pace credit not negative, and its GPU time over any
+        interval of each horizon at most limit + allowance, the expected overrun counted.
+        The lease is never shortened to fit: at equilibrium that would shrink every lease
+        (and the learned bursts) to the minimum. `waiting_since`: it waits since then;
+        `holding_since`: it holds the token since then (not yet charged)."""
+        cfg = self.config
+        pace = short.pace
+        if holding_since is None:
+            wait = pace.ns_until_even(now, waiting_since)
+        else:
+            wait = 0 if pace.level_holding(now, holding_since) >= 0 else 1
+        # Room for the typical overrun, and half the way to the worst one: the allowance
+        # takes the rest.
+        need = quantum + (self._typical_overrun(tenant) + max(tenant.recent_overruns_ns, default=0)) // 2
+        trail = short.trail
+        for horizon in cfg.horizons_ns:
+            cap = tenant.limit * horizon // 100 + cfg.allowance_ns
+            low = now + min(need, horizon) - horizon
+            held = trail.held_since(low)
+            if holding_since is not None:
+                held += max(0, now - max(holding_since, low))
+            excess = min(held + need - cap, held)  # a lease longer than the cap: alone then
+            if excess > 0:
+                wait = max(wait, trail.shed_until(low, excess) - low, 1)
+        return wait
 
     def preempt(self) -> Revoke | None:
         """Revoke a `normal` holder's lease if a waiting `high` tenant comes first.
@@ -552,7 +698,7 @@ class Policy:
                 best, best_tenant = key, tenant
         if best is None or best_tenant is None:
             return None
-        mine = self._rank(holder, now, self._usage(holder, now))
+        mine = self._rank(holder, now, self._usage(holder, now), lease.charged_from)
         if mine is not None and best >= mine:
             return None
         budget = self.budget_ns(holder.name)
@@ -606,8 +752,23 @@ class Policy:
             held += max(0, min(now, lease.reclaim_at) - lease.charged_from)
         return held
 
-    def _rank(self, tenant: Tenant, now: int, used: int) -> tuple[int, int] | None:
-        """The tenant's place in `dispatch`'s order (lower first), None at its limit."""
+    def _rank(self, tenant: Tenant, now: int, used: int,
+              holding_since: int | None = None) -> tuple[int, int] | None:
+        """The tenant's place in `dispatch`'s order (lower first), None at its limit.
+        `holding_since`: it holds the token since then (its lease in force counted)."""
+        short = tenant.short
+        if short is not None:
+            waiting_since = next(iter(tenant.waiting.values())).since if tenant.waiting else None
+            if tenant.limit < 100 and self._capped_wait(tenant, short, now, self._quantum(tenant, 0),
+                                                        waiting_since, holding_since):
+                return None
+            due = short.due
+            credit = due.level(now, waiting_since) if holding_since is None else due.level_holding(now, holding_since)
+            high = tenant.priority == HIGH
+            if credit > 0:
+                return (0 if high else 1, -credit * 100 // tenant.request)
+            deficit = self._share_ns(tenant, tenant.request, now) - used
+            return (2 if high else 3, -deficit) if deficit > 0 else (4, used)
         span = self._span(tenant, now)
         if used * 100 > tenant.limit * span:
             return None
@@ -622,7 +783,8 @@ class Policy:
         none, yes). Another process of the holder's tenant waiting: no, it is its turn."""
         if holder.waiting:
             return False
-        mine = self._rank(holder, now, self._usage(holder, now))
+        lease = self.lease
+        mine = self._rank(holder, now, self._usage(holder, now), lease.charged_from if lease else None)
         if mine is None:
             return False
         window = self.config.window_ns
@@ -643,9 +805,28 @@ class Policy:
         # A holder drains its queued work after expiry, so the GPU is really held
         # for quantum + overrun: shorten the lease by the largest recent overrun so
         # that a waiting tenant waits at most quantum_max.
-        overrun = max(tenant.recent_overruns_ns, default=0)
-        ceiling = max(cfg.quantum_min_ns, cfg.quantum_max_ns - overrun)
-        return int(min(max(want, cfg.quantum_min_ns), ceiling))
+        ceiling = cfg.quantum_max_ns - max(tenant.recent_overruns_ns, default=0)
+        if tenant.short is not None and tenant.limit < 100:
+            # One lease is at most the limit of the shortest horizon, so a capped tenant runs
+            # about once per horizon: no long lease then a long pause, which a neighbour at
+            # that horizon would see as a burst and the tenant as a gap in its service.
+            # Less its typical overrun: the largest would make every lease as short as the
+            # worst one and leave the GPU idle (the pace charges the real hold anyway).
+            pace = tenant.limit * cfg.horizons_ns[0] // 100 - self._typical_overrun(tenant)
+            ceiling = min(ceiling, pace)
+        return int(min(max(want, cfg.quantum_min_ns), max(cfg.quantum_min_ns, ceiling)))
+
+    @staticmethod
+    def _typical_overrun(tenant: Tenant) -> int:
+        """The mean hold past the quantum of the tenant's last leases."""
+        overruns = tenant.recent_overruns_ns
+        return sum(overruns) // len(overruns) if overruns else 0
+
+    def _charge(self, tenant: Tenant, start: int, end: int) -> None:
+        """The tenant held the GPU over [start, end]."""
+        tenant.usage.add(start, end)
+        if tenant.short is not None:
+            tenant.short.charge(start, end)
 
     def _learn_burst(self, tenant: Tenant, held: int, quantum: int, more: bool) -> None:
         # A burst that filled its quantum and wants more was cut short: its true
@@ -662,7 +843,7 @@ class Policy:
     def _expire(self, lease: Lease, now: int) -> None:
         tenant = self.tenants[lease.tenant]
         end = min(now, lease.reclaim_at)
-        tenant.usage.add(lease.charged_from, max(lease.charged_from, end))
+        self._charge(tenant, lease.charged_from, max(lease.charged_from, end))
         tenant.stats.expiries += 1
         if lease.revoked_at:
             tenant.stats.revoke_reclaims += 1

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .errors import PolicyError
 from .policy import Grant, Policy, PolicyConfig
+from .shares import cumulative, extreme_shares
 
 
 class FakeClock:
@@ -72,6 +73,10 @@ class SimResult:
         )
         return busy / (end - start)
 
+    def extreme_shares(self, name: str, horizon: int, start: int, end: int) -> tuple[float, float]:
+        """(lowest, highest) fraction the tenant held the GPU over any `horizon` in [start, end]."""
+        return extreme_shares(cumulative(self.hold.get(name, [])), horizon, start, end)
+
 
 class Simulation:
     """Runs tenants against a Policy; `run(until)` may be called repeatedly."""
@@ -95,13 +100,17 @@ class Simulation:
         self._holders: dict[bytes, Grant] = {}
         self._procs: dict[bytes, _Proc] = {}
         for spec in tenants:
-            self.policy.add_tenant(spec.name, spec.request, spec.limit, spec.priority)
-            self.result.hold[spec.name] = []
-            self.result.max_wait_ns[spec.name] = 0
-            for index in range(spec.processes):
-                proc = _Proc(spec, f"{spec.name}/{index}".encode())
-                self._procs[proc.client] = proc
-                self._push(spec.active_from, "wake", proc)
+            self.add_tenant(spec)
+
+    def add_tenant(self, spec: SimTenant) -> None:
+        """Register a tenant now (its processes start at `active_from`, or now if later)."""
+        self.policy.add_tenant(spec.name, spec.request, spec.limit, spec.priority)
+        self.result.hold[spec.name] = []
+        self.result.max_wait_ns[spec.name] = 0
+        for index in range(spec.processes):
+            proc = _Proc(spec, f"{spec.name}/{index}".encode())
+            self._procs[proc.client] = proc
+            self._push(max(spec.active_from, self.clock.now), "wake", proc)
 
     def _push(self, at: int, kind: str, proc: _Proc, lease_id: int = 0) -> None:
         self._seq += 1

@@ -146,6 +146,8 @@ static CUresult do_init(void)
     long offset;
     if (host_pid_offset(&offset) != 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if (sim_check_pid_namespace("vcuda-sim") != 0)
+        return CUDA_ERROR_NOT_SUPPORTED;
     const char *loading = getenv("CUDA_MODULE_LOADING");
     sim.eager_modules = loading && strcmp(loading, "EAGER") == 0; /* LAZY is the default */
     const char *spin = getenv("VCUDA_SIM_SPIN_US");

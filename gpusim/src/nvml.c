@@ -90,7 +90,9 @@ NVML_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
     (void)flags;
     nvmlReturn_t rc = NVML_SUCCESS;
     pthread_mutex_lock(&nmu);
-    if (!nsh) {
+    if (!nsh && sim_check_pid_namespace("vcuda-sim (nvml)") != 0) {
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    } else if (!nsh) {
         char path[4096], err[1024];
         nsh = sim_state_open(sim_state_path(path, sizeof path), true, err, sizeof err);
         if (!nsh) {

@@ -254,6 +254,9 @@ int sim_proc_attach(struct sim_shared *sh, pid_t pid); /* slot index or -1 */
 void sim_proc_release(struct sim_shared *sh, int slot);
 void sim_reap_dead(struct sim_shared *sh); /* reclaim dead processes' memory */
 uint64_t sim_device_used(const struct sim_shared *sh, unsigned phys);
+/* 0, or -1 after a message on stderr (prefixed `who`): this process is not in the pid
+ * namespace VCUDA_SIM_PID_NAMESPACE names (unset: no check). */
+int sim_check_pid_namespace(const char *who);
 bool sim_proc_alive(const struct sim_proc *pr);
 
 /* schedule.c: the time-sliced execution schedule of each device. Callers

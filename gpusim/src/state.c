@@ -240,6 +240,35 @@ static uint64_t proc_start_time(pid_t pid)
     return strtoull(p, NULL, 10);
 }
 
+/* VCUDA_SIM_PID_NAMESPACE: the pid namespace (/proc/self/ns/pid, "pid:[N]") the
+ * simulator's pids are valid in - the node agent's, which hands the simulator to
+ * containers (node_state/gpu_driver.py). Pids are learnt with getpid(): a process
+ * in another namespace would be booked under a pid NVML must not report and that
+ * processes of other namespaces would find dead (and reap). A real driver learns
+ * host pids in the kernel; the simulator refuses instead of booking wrongly. */
+int sim_check_pid_namespace(const char *who)
+{
+    const char *want = getenv("VCUDA_SIM_PID_NAMESPACE");
+    char have[128];
+    if (!want || !*want)
+        return 0;
+    ssize_t n = readlink("/proc/self/ns/pid", have, sizeof have - 1);
+    if (n < 0) {
+        fprintf(stderr, "%s: cannot read /proc/self/ns/pid to check VCUDA_SIM_PID_NAMESPACE: %s\n",
+                who, strerror(errno));
+        return -1;
+    }
+    have[n] = '\0';
+    if (strcmp(have, want) != 0) {
+        fprintf(stderr, "%s: this process runs in pid namespace %s, the simulator's pids are those of %s "
+                        "(VCUDA_SIM_PID_NAMESPACE): the simulator cannot learn host pids as a driver does; "
+                        "run the container in the host's pid namespace (hostPID: true, podman --pid=host)\n",
+                who, have, want);
+        return -1;
+    }
+    return 0;
+}
+
 bool sim_proc_alive(const struct sim_proc *pr)
 {
     if (kill(pr->pid, 0) != 0 && errno == ESRCH)

@@ -620,6 +620,20 @@ static void run_command(const char *arg) {
         size_t f = 0, t = 0;
         r = cu.mem_get_info(&f, &t);
         printf("info rc=%d free=%zu total=%zu\n", r, f, t);
+    } else if (strcmp(c, "nvmem") == 0) {
+        /* nvidia-smi's memory query: NVML device `a` as an application dlopens it (through libvcuda's dlsym
+         * when preloaded, so the quota view) */
+        const char *path = getenv("VCUDA_REAL_LIBNVML");
+        void *nv = dlopen(path && *path ? path : "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+        int (*nv_init)(void) = nv ? (int (*)(void))dlsym(nv, "nvmlInit_v2") : NULL;
+        int (*nv_handle)(unsigned, void **) = nv ? (int (*)(unsigned, void **))dlsym(nv, "nvmlDeviceGetHandleByIndex_v2") : NULL;
+        int (*nv_mem)(void *, unsigned long long *) = nv ? (int (*)(void *, unsigned long long *))dlsym(nv, "nvmlDeviceGetMemoryInfo") : NULL;
+        unsigned long long m[3] = {0, 0, 0}; /* nvmlMemory_t: total, free, used */
+        void *dev = NULL;
+        int nr = !nv_init || !nv_handle || !nv_mem ? -1 : nv_init();
+        if (nr == 0) nr = nv_handle((unsigned)a, &dev);
+        if (nr == 0) nr = nv_mem(dev, m);
+        printf("nvmem rc=%d total=%llu free=%llu used=%llu\n", nr, m[0], m[1], m[2]);
     } else if (strcmp(c, "total") == 0) {
         size_t t = 0;
         r = cu.total_mem(&t, (CUdevice)a);
@@ -638,7 +652,7 @@ static void run_command(const char *arg) {
         long n = 0;
         struct held h;
         while ((r = allocate("alloc", a, 0, 0, 0, &h)) == CUDA_SUCCESS) { keep(h.kind, h.handle); n++; }
-        printf("fill rc=%d count=%ld\n", r, n);
+        printf("fill rc=%d count=%ld bytes=%llu\n", r, n, (unsigned long long)n * a);
     } else if (strcmp(c, "hold") == 0) {
         printf("holding\n");
         char line[16];

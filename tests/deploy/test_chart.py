@@ -354,9 +354,71 @@ def test_extender_webhook_rbac_is_by_name() -> None:
     assert not [d for d in no_webhook if d["metadata"]["name"].endswith("-webhook")]
 
 
-def test_testing_simulator_is_reserved_and_changes_nothing() -> None:
-    assert yaml.safe_load((CHART / "values.yaml").read_text())["testing"] == {"simulator": False}
-    assert render_args("--set", "testing.simulator=true") == render("default")
+SIM_NODE = {"devices": 2, "mig": ";off", "migModel": "h100-80gb", "memory": "17179869184",
+            "stateDir": "/var/lib/vcuda-sim"}
+
+
+def agents(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every node agent's DaemonSet by name (the device plugin's modes, the DRA driver)."""
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == "DaemonSet"}
+
+
+def test_testing_simulator_is_off_by_default_and_then_renders_nothing_of_it() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["testing"]
+    assert values == {"simulator": False, "simulatedNode": SIM_NODE}
+    text = run_helm("template", "vcuda", str(CHART), "--set", "dra.enabled=true,testing.simulatedNode.devices=5",
+                    "--kube-version", KUBE_VERSIONS[0]).stdout
+    for word in ("simulator", "VCUDA_SIM", "VCUDA_REAL", "vcuda-sim"):
+        assert word not in text
+    assert render_args("--set", "dra.enabled=true,testing.simulatedNode.devices=5") == render("dra")
+
+
+def test_testing_simulator_runs_every_agent_on_the_simulator() -> None:
+    """Each agent: --simulator, the simulator as its driver (libraries installed by its init step in the
+    host directory it mounts), its state in a hostPath at the same path, the host's pid namespace."""
+    found = agents(render("simulator"))
+    assert set(found) == {"vcuda-device-plugin-vgpu", "vcuda-device-plugin-pgpu", "vcuda-device-plugin-mps",
+                          "vcuda-dra-driver"}
+    for name, ds in found.items():
+        spec = ds["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        assert "--simulator" in c["args"] and "--host-lib-dir=/usr/local/vcuda/lib" in c["args"], name
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["VCUDA_REAL_LIBNVML"] == "/usr/local/vcuda/lib/libvcuda-sim-nvml.so", name
+        assert env["VCUDA_REAL_LIBCUDA"] == "/usr/local/vcuda/lib/libvcuda-sim-cuda.so", name
+        assert {k: v for k, v in env.items() if k.startswith("VCUDA_SIM_")} == {
+            "VCUDA_SIM_STATE": "/var/lib/vcuda-sim/state", "VCUDA_SIM_DEVICES": "2",
+            "VCUDA_SIM_MEMORY": "17179869184", "VCUDA_SIM_MIG": ";off", "VCUDA_SIM_MIG_MODEL": "h100-80gb"}, name
+        host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+        mounted = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert host[mounted["/var/lib/vcuda-sim"]] == "/var/lib/vcuda-sim", name   # host paths go to containers
+        assert host[mounted["/usr/local/vcuda/lib"]] == "/usr/local/vcuda/lib", name
+        assert spec["hostPID"] is True, name   # the simulator's pids are the agent's namespace's
+        (init,) = spec["initContainers"]
+        assert "libvcuda-sim-cuda.so libvcuda-sim-nvml.so" in init["command"][2], name
+
+
+def test_testing_simulator_flags_pass_the_agents_parsers() -> None:
+    import argparse
+
+    from device_plugin import cli as dp_cli
+    from device_plugin import config as dp_config
+    from dra_driver import config as dra_config
+    for name, ds in agents(render("simulator")).items():
+        (c,) = ds["spec"]["template"]["spec"]["containers"]
+        parser = argparse.ArgumentParser()
+        (dra_config if name == "vcuda-dra-driver" else dp_cli).add_arguments(parser)
+        parsed = parser.parse_args([a.replace("$(NODE_NAME)", "node-1") for a in c["args"]])
+        cfg = (dra_config if name == "vcuda-dra-driver" else dp_config).from_args(parsed, env={})
+        assert cfg.simulator is True, name
+
+
+def test_testing_simulated_node_is_validated() -> None:
+    for bad, field in (("testing.simulatedNode.migModel=v100", "migModel"),
+                       ("testing.simulatedNode.stateDir=relative", "stateDir"),
+                       ("testing.simulatedNode.memory=16Gi", "memory")):
+        proc = run_helm("template", "vcuda", str(CHART), "--set", bad, "--kube-version", KUBE_VERSIONS[0])
+        assert proc.returncode != 0 and field in proc.stderr, bad
 
 
 def test_no_kustomize_copy_is_left() -> None:

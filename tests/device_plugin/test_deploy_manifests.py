@@ -188,19 +188,20 @@ def test_privileged_only_for_mps_and_mig_layouts(mode: str) -> None:
         assert not init.get("securityContext", {}).get("privileged")
 
 
-def init_script() -> tuple[str, str]:
+def init_script(combination: str = "full") -> tuple[str, str]:
     """The vgpu init step's shell script and the host directory it writes to, as seen inside."""
-    ds = daemonset("vgpu")
+    ds = daemonset("vgpu", combination)
     (init,) = pod_spec(ds)["initContainers"]
     assert init["command"][:2] == ["/bin/sh", "-ec"]
     (mount,) = init["volumeMounts"]
-    assert host_paths(ds)[mount["name"]] == flag_values(agent(ds))["--host-lib-dir"]
+    host_lib = next(a for a in agent(ds)["args"] if a.startswith("--host-lib-dir="))
+    assert host_paths(ds)[mount["name"]] == host_lib.partition("=")[2]
     return init["command"][2], mount["mountPath"]
 
 
-def run_init(tmp_path: Path, lib: Path) -> subprocess.CompletedProcess[str]:
+def run_init(tmp_path: Path, lib: Path, combination: str = "full") -> subprocess.CompletedProcess[str]:
     """Runs the init step here, with a `vcuda` that names lib and tmp_path/host as the host dir."""
-    script, inside = init_script()
+    script, inside = init_script(combination)
     bin_dir, host = tmp_path / "bin", tmp_path / "host"
     bin_dir.mkdir()
     host.mkdir()
@@ -221,6 +222,18 @@ def test_init_step_installs_libvcuda(tmp_path: Path) -> None:
     assert installed.read_bytes() == lib.read_bytes()
     assert installed.stat().st_mode & 0o777 == 0o755
     assert [p.name for p in installed.parent.iterdir()] == [native.SHIM]  # no temporary left
+
+
+@pytest.mark.skipif(shutil.which("ldd") is None, reason="needs ldd")
+def test_init_step_installs_the_simulators_libraries_with_testing_simulator(tmp_path: Path) -> None:
+    lib = native.lib_path(native.SHIM)
+    proc = run_init(tmp_path, lib, "simulator")
+    assert proc.returncode == 0, proc.stderr
+    host = tmp_path / "host"
+    assert sorted(p.name for p in host.iterdir()) == sorted([native.SHIM, native.SIM_CUDA, native.SIM_NVML])
+    for name in (native.SIM_CUDA, native.SIM_NVML):
+        assert (host / name).read_bytes() == native.lib_path(name).read_bytes()
+        assert (host / name).stat().st_mode & 0o777 == 0o755
 
 
 @pytest.mark.skipif(shutil.which("ldd") is None, reason="needs ldd")

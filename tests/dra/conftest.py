@@ -53,7 +53,8 @@ def driver_config(short_dir: Path, **overrides: Any) -> config.DriverConfig:
     flags.update(overrides)
     parser = argparse.ArgumentParser()
     config.add_arguments(parser)
-    args = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
+    args = [f"--{k.replace('_', '-')}" if v is True else f"--{k.replace('_', '-')}={v}"   # True: a switch
+            for k, v in flags.items()]
     return config.from_args(parser.parse_args(args), env={})
 
 

@@ -10,9 +10,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from k8s_schema import schema_problem
 
-from dra_driver import partitions
+from dra_driver import partitions, slices
 from dra_driver import testing as t
 from dra_driver.agent import MIG_RECORD
 from dra_driver.names import DRIVER
@@ -80,6 +81,17 @@ def devices(api: Any) -> dict[str, dict[str, Any]]:
     return {d["name"]: d for s in stored(api).values() for d in s["spec"].get("devices") or []}
 
 
+def partitioned(api: Any, index: int) -> bool:
+    """Whether GPU `index`'s pool offers partitions (holds its counter set), in either layout."""
+    return any(s["spec"].get("sharedCounters") for s in stored(api).values()
+               if s["spec"]["pool"]["name"] == partitions.pool_name(NODE, index))
+
+
+# The API servers whose rules the fake applies (kube_contract.testing.slice_problems), and the slices
+# the driver publishes for them: counter sets beside their devices (1.34), or in slices of their own.
+VERSIONS = ["1.34.4", "1.36.3"]
+
+
 def dynamic(agent_factory: Any, mig: FakeMig) -> Any:
     return agent_factory(inv=mig.inventory(), mig_backend=mig, config={"mig": "dynamic"})
 
@@ -104,20 +116,35 @@ def error(resp: Any, claim: dict[str, Any]) -> str:
 P6 = partitions.partition_name(0, "1g.10gb", 6)
 
 
-def test_idle_gpus_are_published_as_partitions_in_slices_that_fit_the_schema(agent_factory, api):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_idle_gpus_are_published_as_partitions_in_slices_that_fit_the_schema(agent_factory, api, version):
+    api.version = version   # the fake API server refuses what that version refuses
     mig = FakeMig(("off", "off", ""))
-    dynamic(agent_factory, mig)
+    agent = dynamic(agent_factory, mig)
     wait_for(lambda: f"{BASE}-gpu-1" in stored(api), 10, "the partitions' slices")
     pool = stored(api)
-    assert set(pool) == {BASE, f"{BASE}-gpu-0-counters", f"{BASE}-gpu-0", f"{BASE}-gpu-1-counters",
-                         f"{BASE}-gpu-1"}
+    apart = tuple(map(int, version.split(".")[:2])) >= (1, 35)
+    per_gpu = 2 if apart else 1
+    assert agent.publisher.layout == (slices.OWN_SLICE if apart else slices.WITH_DEVICES)
+    assert set(pool) == {BASE, f"{BASE}-gpu-0", f"{BASE}-gpu-1"} | (
+        {f"{BASE}-gpu-0-counters", f"{BASE}-gpu-1-counters"} if apart else set())
     for name, s in pool.items():
         assert schema_problem(s) is None, schema_problem(s)
         # The node's pool, and one per MIG-capable GPU: a partition made rewrites its GPU's pool only.
         assert (s["spec"]["pool"]["name"], s["spec"]["pool"]["resourceSliceCount"]) == (
-            (NODE, 1) if name == BASE else (partitions.pool_name(NODE, int(name.split("-gpu-")[1][0])), 2))
-        assert not (s["spec"].get("devices") and s["spec"].get("sharedCounters"))   # never both in one slice
+            (NODE, 1) if name == BASE else (partitions.pool_name(NODE, int(name.split("-gpu-")[1][0])), per_gpu))
+    for index in (0, 1):
+        counter_slice = pool[f"{BASE}-gpu-{index}-counters" if apart else f"{BASE}-gpu-{index}"]["spec"]
+        device_slice = pool[f"{BASE}-gpu-{index}"]["spec"]
+        assert [cs["name"] for cs in counter_slice["sharedCounters"]] == [partitions.counter_set_name(index)]
+        if apart:   # 1.35 on: never both in one slice
+            assert set(counter_slice) - {"driver", "nodeName", "pool"} == {"sharedCounters"}
+            assert "sharedCounters" not in device_slice
+        # Every device of the GPU's pool consumes its GPU's counter set, and nothing else.
+        assert {c["counterSet"] for d in device_slice["devices"] for c in d["consumesCounters"]} == {
+            partitions.counter_set_name(index)}
     assert [d["name"] for d in pool[BASE]["spec"]["devices"]] == ["gpu-2"]          # not MIG-capable
+    assert "sharedCounters" not in pool[BASE]["spec"]
     gpu0 = {d["name"]: d for d in pool[f"{BASE}-gpu-0"]["spec"]["devices"]}
     assert len(gpu0) == 1 + sum(len(p.placements) for p in H100_PROFILES)
     assert gpu0[P6]["attributes"]["profile"] == {"string": "1g.10gb"}
@@ -129,7 +156,9 @@ def test_idle_gpus_are_published_as_partitions_in_slices_that_fit_the_schema(age
     assert mig.calls[:2] == ["mode 0 True", "mode 0 False"] and not mig.modes[0]
 
 
-def test_prepare_makes_the_partition_and_unprepare_destroys_it(agent_factory, kubelet, api, short_dir):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_prepare_makes_the_partition_and_unprepare_destroys_it(agent_factory, kubelet, api, short_dir, version):
+    api.version = version
     mig = FakeMig(("off", "off", ""))
     agent = dynamic(agent_factory, mig)
     claim = partition_claim(api, "p", P6)
@@ -151,14 +180,18 @@ def test_prepare_makes_the_partition_and_unprepare_destroys_it(agent_factory, ku
     wait_for(lambda: "gpu-0" in devices(api), 10, "gpu-0 back in the slice")
 
 
-def test_a_busy_gpu_is_never_repartitioned(agent_factory, kubelet, api):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_busy_gpu_is_never_repartitioned(agent_factory, kubelet, api, version):
+    api.version = version
     mig = FakeMig(("off", "off", ""))
     dynamic(agent_factory, mig)
-    wait_for(lambda: f"{BASE}-gpu-1" in stored(api), 10, "the partitions' slices")
+    wait_for(lambda: partitioned(api, 1), 10, "the partitions' slices")
     share = api.put("resourceclaims", t.claim("share", NODE, [
         {**t.share(NODE, 1, 30, 4 * GiB), "pool": partitions.pool_name(NODE, 1)}]))
     assert error(kubelet.prepare(share), share) == ""
-    wait_for(lambda: f"{BASE}-gpu-1-counters" not in stored(api), 10, "gpu-1's partitions leaving")
+    wait_for(lambda: not partitioned(api, 1), 10, "gpu-1's partitions leaving")
+    assert f"{BASE}-gpu-1-counters" not in stored(api)
+    assert stored(api)[f"{BASE}-gpu-1"]["spec"]["pool"]["resourceSliceCount"] == 1
     assert [d["name"] for d in stored(api)[f"{BASE}-gpu-1"]["spec"]["devices"]] == ["gpu-1"]   # still shared
     assert "consumesCounters" not in devices(api)["gpu-1"]
     late = partition_claim(api, "late", partitions.partition_name(1, "3g.40gb", 4))
@@ -326,11 +359,11 @@ def test_an_instance_made_by_an_operator_after_the_start_is_not_offered(agent_fa
     the driver's; the GPU it is on is no longer partitioned."""
     mig = FakeMig(("off", "off", ""))
     agent = dynamic(agent_factory, mig)
-    wait_for(lambda: f"{BASE}-gpu-1-counters" in stored(api), 10, "gpu-1's partitions")
+    wait_for(lambda: partitioned(api, 1), 10, "gpu-1's partitions")
     mig.modes[1] = True
     dev = mig.create_mig_device(1, 19, MigPlacement(0, 1))
     agent.publisher.changed()
-    wait_for(lambda: f"{BASE}-gpu-1-counters" not in stored(api), 10, "gpu-1's partitions leaving")
+    wait_for(lambda: not partitioned(api, 1), 10, "gpu-1's partitions leaving")
     assert f"mig-1-{dev.gpu_instance}" not in devices(api) and mig.instances[1] == [dev]
 
 

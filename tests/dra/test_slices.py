@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dra_driver import slices
-from dra_driver.kube import KubeAPI
+from dra_driver.kube import ApiError, KubeAPI
 from dra_driver.names import DRIVER
 from kube_contract.apiclient import make_api_client
 from kube_contract.testing import FakeApiServer
@@ -71,10 +71,13 @@ class Rig:
         self.server.put("nodes", {"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE, "uid": "n-uid"}})
         self.healthy = {g.uuid: True for g in inv().gpus}
 
-    def publisher(self, tmp_path, **kw) -> slices.SlicePublisher:  # type: ignore[no-untyped-def]
-        api = KubeAPI(make_api_client(str(self.server.kubeconfig(tmp_path / "kc"))), timeout=5)
+    def api(self, tmp_path) -> KubeAPI:  # type: ignore[no-untyped-def]
+        return KubeAPI(make_api_client(str(self.server.kubeconfig(tmp_path / "kc"))), timeout=5)
+
+    def publisher(self, tmp_path, build=None, **kw) -> slices.SlicePublisher:  # type: ignore[no-untyped-def]
         return slices.SlicePublisher(
-            api, NODE, lambda: slices.devices(inv(), self.healthy.__getitem__, slices.DriverVersions()), **kw)
+            self.api(tmp_path), NODE,
+            build or (lambda: slices.devices(inv(), self.healthy.__getitem__, slices.DriverVersions())), **kw)
 
     def stored(self) -> dict:  # type: ignore[type-arg]
         return self.server.get("resourceslices", NAME)
@@ -196,3 +199,152 @@ def test_calls_that_never_end_hold_the_publisher_back_for_max_hold_s_only(rig, t
             assert p.held.is_set()
     finally:
         p.stop()
+
+
+# ---- counter sets: laid out as the API server's version accepts them ---------------------------------
+
+@pytest.mark.parametrize("info,version", [
+    ({"major": "1", "minor": "34", "gitVersion": "v1.34.4"}, (1, 34)),
+    ({"major": "1", "minor": "36", "gitVersion": "v1.36.3"}, (1, 36)),
+    ({"major": "1", "minor": "35+", "gitVersion": "v1.35.2-eks-113cf36"}, (1, 35)),   # a distribution's
+    ({"major": "1", "minor": "34+"}, (1, 34)),
+    ({"gitVersion": "unknown"}, None),
+    ({}, None),
+])
+def test_the_server_version_comes_from_discovery(info, version):
+    assert slices.server_version(info) == version
+
+
+@pytest.mark.parametrize("version,layout", [
+    ((1, 33), slices.WITH_DEVICES), ((1, 34), slices.WITH_DEVICES),
+    ((1, 35), slices.OWN_SLICE), ((1, 36), slices.OWN_SLICE), ((2, 0), slices.OWN_SLICE),
+    (None, slices.OWN_SLICE),   # unknown: the current API's rule
+])
+def test_the_layout_follows_the_version(version, layout):
+    assert slices.counter_layout(version) == layout
+
+
+POOL = f"{NODE}-gpu-0"
+GPU0 = f"{NAME}-gpu-0"
+COUNTER_SET = {"name": "gpu-0-counters", "counters": {"memory-slice-0": {"value": "1"},
+                                                      "memory-slice-1": {"value": "1"}}}
+
+
+def consuming(name: str, *counters: str) -> dict:  # type: ignore[type-arg]
+    return {"name": name, "attributes": {"type": {"string": "mig"}},
+            "consumesCounters": [{"counterSet": "gpu-0-counters",
+                                  "counters": {c: {"value": "1"} for c in counters}}]}
+
+
+def partitioned() -> slices.Pools:
+    """As dra_driver.partitions builds them: the node's pool, and a GPU's with its counter set beside its devices."""
+    return {NODE: {NAME: {"devices": [{"name": "gpu-1", "attributes": {"type": {"string": "gpu"}}}]}},
+            POOL: {GPU0: {"sharedCounters": [COUNTER_SET],
+                          "devices": [consuming("gpu-0", "memory-slice-0", "memory-slice-1"),
+                                      consuming("gpu-0-mig-1g-0", "memory-slice-0")]}}}
+
+
+def test_lay_out_moves_each_counter_set_to_a_slice_of_its_own_in_the_same_pool():
+    built = partitioned()
+    assert slices.lay_out(built, slices.WITH_DEVICES) == built
+    apart = slices.lay_out(built, slices.OWN_SLICE)
+    assert apart == {NODE: built[NODE], POOL: {f"{GPU0}-counters": {"sharedCounters": [COUNTER_SET]},
+                                               GPU0: {"devices": built[POOL][GPU0]["devices"]}}}
+    assert list(apart[POOL]) == [f"{GPU0}-counters", GPU0]   # the counter set is written first
+    assert built[POOL][GPU0]["sharedCounters"] == [COUNTER_SET]   # the built pools are left as they were
+
+
+def spec_of(slice_: dict) -> dict:  # type: ignore[type-arg]
+    return {k: v for k, v in slice_["spec"].items() if k not in ("driver", "nodeName")}
+
+
+@pytest.mark.parametrize("version", ["1.34.4", "1.36.3"])
+def test_the_slices_have_the_shape_the_api_servers_version_accepts(rig, tmp_path, version):
+    """The exact slices of a partitioned GPU's pool, written through the fake API server, which refuses
+    what that version refuses (kube_contract.testing.slice_problems)."""
+    rig.server.version = version
+    p = rig.publisher(tmp_path, build=partitioned)
+    assert p.sync() is True
+    built = partitioned()[POOL][GPU0]
+    stored = {k: spec_of(v) for k, v in rig.server.objects["resourceslices"].items()}
+    if version == "1.34.4":
+        assert p.layout == slices.WITH_DEVICES
+        assert stored == {NAME: {"pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+                                 "devices": partitioned()[NODE][NAME]["devices"]},
+                          GPU0: {"pool": {"name": POOL, "generation": 1, "resourceSliceCount": 1},
+                                 "sharedCounters": [COUNTER_SET], "devices": built["devices"]}}
+    else:
+        assert p.layout == slices.OWN_SLICE
+        assert stored == {NAME: {"pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+                                 "devices": partitioned()[NODE][NAME]["devices"]},
+                          f"{GPU0}-counters": {"pool": {"name": POOL, "generation": 1, "resourceSliceCount": 2},
+                                               "sharedCounters": [COUNTER_SET]},
+                          GPU0: {"pool": {"name": POOL, "generation": 1, "resourceSliceCount": 2},
+                                 "devices": built["devices"]}}
+    assert p.sync() is False   # and then left alone
+
+
+def bodies(layout: str) -> list[dict]:  # type: ignore[type-arg]
+    laid = slices.lay_out(partitioned(), layout)[POOL]
+    return [slices.resource_slice(NODE, None, 1, part, name=name, count=len(laid), pool=POOL)
+            for name, part in laid.items()]
+
+
+@pytest.mark.parametrize("version,refused,message", [
+    ("1.34.4", slices.OWN_SLICE, 'spec.devices[0].consumesCounters[0].counterSet: Invalid value: "gpu-0-counters": '
+                                 "must reference a counterSet defined in the ResourceSlice sharedCounters"),
+    ("1.36.3", slices.WITH_DEVICES, 'spec: Invalid value: "": only one of `sharedCounters` or `devices` is allowed'),
+])
+def test_each_version_refuses_the_other_layout(rig, tmp_path, version, refused, message):
+    """What the real API servers answered (e2e/README.md), as the fake API server answers it."""
+    rig.server.version = version
+    api = rig.api(tmp_path)
+    with pytest.raises(ApiError, match="422") as exc:
+        for body in bodies(refused):
+            api.create_slice(body)
+    assert message in str(exc.value)
+    for name in list(rig.server.objects["resourceslices"]):
+        rig.server.delete("resourceslices", name)
+    for body in bodies(slices.OWN_SLICE if refused == slices.WITH_DEVICES else slices.WITH_DEVICES):
+        api.create_slice(body)
+
+
+def test_the_fake_api_server_enforces_the_counter_limits_of_each_version():
+    from kube_contract.testing import slice_problems
+
+    many = {"sharedCounters": [{"name": "s", "counters": {f"c-{i}": {"value": "1"} for i in range(33)}}]}
+    assert "the total number of shared counters must not exceed 32" in slice_problems(many, "1.34.4")[0]
+    assert "must have at most 32 items" in slice_problems(many, "1.36.3")[0]
+    devices = {"devices": [consuming(f"d-{i}", "memory-slice-0") for i in range(65)]}
+    assert slice_problems({**devices, "sharedCounters": [COUNTER_SET]}, "1.34.4") == []
+    assert slice_problems(devices, "1.36.3") == ["spec.devices: Too many: 65: must have at most 64 items"]
+    unknown = {"sharedCounters": [COUNTER_SET], "devices": [consuming("d", "memory-slice-9")]}
+    assert slice_problems(unknown, "1.34.4") == [
+        'spec.devices[0].consumesCounters[0].counters: Invalid value: "memory-slice-9": must reference a counter '
+        "defined in the ResourceSlice sharedCounters"]
+
+
+def version_reads(rig: Rig) -> int:
+    return sum(r.path.rstrip("/") == "/version" for r in rig.server.requests)
+
+
+def test_a_control_plane_upgraded_under_the_driver_gets_the_other_layout_at_the_next_resync(rig, tmp_path):
+    """The version is read at the first sync and at each resync (not when woken by a change of ours): the
+    pool is rewritten in the new layout, with the next generation, and the slice that no longer belongs
+    is deleted. Downgrades alike."""
+    rig.server.version = "1.34.4"
+    p = rig.publisher(tmp_path, build=partitioned)
+    p.sync()
+    assert set(rig.server.objects["resourceslices"]) == {NAME, GPU0} and version_reads(rig) == 1
+    rig.server.version = "1.36.3"
+    assert p.sync(local=True) is False and version_reads(rig) == 1   # our devices did not change
+    assert p.sync() is True and p.layout == slices.OWN_SLICE and version_reads(rig) == 2
+    stored = rig.server.objects["resourceslices"]
+    assert set(stored) == {NAME, GPU0, f"{GPU0}-counters"}
+    assert "sharedCounters" not in stored[GPU0]["spec"]
+    assert {stored[n]["spec"]["pool"]["generation"] for n in (GPU0, f"{GPU0}-counters")} == {2}
+    assert stored[NAME]["spec"]["pool"]["generation"] == 1   # the node's own pool is as it was
+    rig.server.version = "1.34.4"
+    assert p.sync() is True and p.layout == slices.WITH_DEVICES
+    assert set(stored) == {NAME, GPU0} and stored[GPU0]["spec"]["sharedCounters"] == [COUNTER_SET]
+    assert stored[GPU0]["spec"]["pool"] == {"name": POOL, "generation": 3, "resourceSliceCount": 1}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import re
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 from types import ModuleType
@@ -207,13 +208,24 @@ def test_unreachable_debian_is_a_clear_error(build: ModuleType, monkeypatch: pyt
 
 
 def test_the_source_never_imports_the_kubernetes_asyncio_client() -> None:
-    """The image drops kubernetes/aio (about 70 MB); nothing vcuda ships may import it."""
+    """The image drops kubernetes/aio (about 70 MB) and aiohttp's family (about 13 MB, which only the
+    asyncio client uses); nothing vcuda ships may import them."""
     import tomllib
     packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["scikit-build"]["wheel"]["packages"]
     uses = [f"{path.relative_to(REPO)}:{n}" for pkg in packages for path in (REPO / pkg).rglob("*.py")
             for n, line in enumerate(path.read_text().splitlines(), 1)
-            if re.search(r"kubernetes\.aio|from kubernetes import .*\baio\b|kubernetes_asyncio", line)]
-    assert packages and not uses, f"the image has no kubernetes.aio (deploy/image/Containerfile): {uses}"
+            if re.search(r"kubernetes\.aio|from kubernetes import .*\baio\b|kubernetes_asyncio|\baiohttp\b", line)]
+    assert packages and not uses, f"the image has no kubernetes.aio nor aiohttp (deploy/image/Containerfile): {uses}"
+
+
+def test_what_vcuda_draws_with_rich_never_loads_pygments() -> None:
+    """The image drops pygments (rich's syntax highlighter, about 10 MB): the modules that draw with
+    rich (`vcuda top`, `demo`, the CLI) must work without it."""
+    probe = ("import sys, py_vcuda.cli, py_vcuda.top, py_vcuda.demo; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pygments'))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"pygments loaded (deploy/image/Containerfile drops it): {out.stdout}"
 
 
 def test_wheel_stamps_stay_out_of_the_image(build: ModuleType) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from imagebuild import load_build
+from imagebuild import need_tools, podman_run_prefix
 
 REPO = Path(__file__).resolve().parents[2]
 TAG = "localhost/vcuda:pytest"
@@ -38,23 +38,9 @@ class Built:
     run: list[str]   # `podman run` with this machine's options, up to the image
 
 
-def podman_run_prefix() -> list[str]:
-    build = load_build()
-    runtime = build.choose_runtime("podman", None, build.host_cgroup_v2())
-    # podman raises the open-files and processes limits above the host's for root containers, which a
-    # sandboxed host can refuse ("setrlimit: operation not permitted"); modest explicit limits always work.
-    cmd = ["podman", "run", "--rm", "--network=none", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
-    return cmd + (["--runtime", runtime] if runtime else [])
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
-    missing = [tool for tool in NEEDS if shutil.which(tool) is None]
-    if missing:
-        message = f"the offline image build needs {', '.join(missing)} (apt-get install podman mmdebstrap runc)"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message}: .ci/run installs them, so under CI this is a failure")
-        pytest.skip(message)
+    need_tools(NEEDS, "the offline image build")
     archive = tmp_path_factory.mktemp("image") / "vcuda.oci.tar"
     started = time.monotonic()
     out = subprocess.run([sys.executable, str(REPO / "deploy" / "image" / "build.py"), "--offline",

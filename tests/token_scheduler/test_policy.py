@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from token_scheduler.errors import ErrorCode, PolicyError
@@ -62,13 +64,27 @@ def test_lease_ids_carry_epoch() -> None:
     assert grant is not None and grant.lease_id >> 32 == 7
 
 
-def test_largest_deficit_first() -> None:
-    policy, clock = make(("small", 10, 100), ("big", 60, 100))
+def test_largest_deficit_first_with_the_window_alone() -> None:
+    """The window policy (short_horizon off): below request means a deficit over the
+    whole window, idle time included (issue 31: the cause of the burst after idle)."""
+    policy, clock = make(("small", 10, 100), ("big", 60, 100), config=replace(CFG, short_horizon=False))
     hold(policy, clock, "big", b"1", 50 * MS)  # big: 50 of 600 ms due; small: 0 of 100
     policy.request("big", b"1", 0)
     policy.request("small", b"1", 0)
     grant = policy.dispatch()
     assert grant is not None and grant.tenant == "big"  # deficit 550 > 100
+
+
+def test_longest_owed_first() -> None:
+    """Short horizons: below request means credit earned at the request's rate now, idle
+    time earning the allowance and R % of 100 ms at most; the tenant owed the longest
+    time at its rate first, not the largest amount."""
+    policy, clock = make(("small", 10, 100), ("big", 60, 100), config=replace(CFG, short_horizon=True))
+    hold(policy, clock, "big", b"1", 5 * MS)  # big: 68 - 5 + 3 = 66 ms owed, 110 ms at 60 %
+    policy.request("big", b"1", 0)
+    policy.request("small", b"1", 0)  # small: 18 ms owed, 180 ms at 10 %
+    grant = policy.dispatch()
+    assert grant is not None and grant.tenant == "small"
 
 
 def test_least_usage_first_when_all_above_request() -> None:

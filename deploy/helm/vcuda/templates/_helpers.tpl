@@ -85,12 +85,59 @@ Copy, then rename: running containers keep the old file's inode, new ones get th
       chmod 0755 /host-lib/.libvcuda.so.new
       mv -f /host-lib/.libvcuda.so.new /host-lib/libvcuda.so
       echo "installed $lib as /usr/local/vcuda/lib/libvcuda.so on the host"
+      {{- if .Values.testing.simulator }}
+      # TEST ONLY (testing.simulator): the GPU simulator's stand-in driver libraries beside it
+      for sim in libvcuda-sim-cuda.so libvcuda-sim-nvml.so; do
+        cp "$(dirname "$lib")/$sim" "/host-lib/.$sim.new"
+        chmod 0755 "/host-lib/.$sim.new"
+        mv -f "/host-lib/.$sim.new" "/host-lib/$sim"
+      done
+      echo "installed the GPU simulator's libraries in /usr/local/vcuda/lib on the host (testing.simulator)"
+      {{- end }}
   volumeMounts:
     - {name: host-lib, mountPath: /host-lib}
   securityContext:
     runAsUser: 0
     allowPrivilegeEscalation: false
     capabilities: {drop: ["ALL"]}
+{{- end -}}
+
+{{/*
+TEST ONLY (testing.simulator): a node agent on the GPU simulator. Its env (gpusim's settings, the
+simulator's libraries as the driver, installed by the init step), the state's hostPath at the same
+path (the agent hands host paths to containers), and the flag that hands the simulator on
+(node_state/gpu_driver.py). Each renders nothing without testing.simulator.
+*/}}
+{{- define "vcuda.simulatorArgs" -}}
+{{- if .Values.testing.simulator }}
+- --simulator
+{{- end }}
+{{- end -}}
+
+{{- define "vcuda.simulatorEnv" -}}
+{{- if .Values.testing.simulator }}
+{{- $n := .Values.testing.simulatedNode }}
+- {name: VCUDA_REAL_LIBCUDA, value: /usr/local/vcuda/lib/libvcuda-sim-cuda.so}
+- {name: VCUDA_REAL_LIBNVML, value: /usr/local/vcuda/lib/libvcuda-sim-nvml.so}
+- {name: VCUDA_SIM_STATE, value: {{ printf "%s/state" (trimSuffix "/" $n.stateDir) | quote }}}
+- {name: VCUDA_SIM_DEVICES, value: {{ $n.devices | int | toString | quote }}}
+- {name: VCUDA_SIM_MEMORY, value: {{ $n.memory | int64 | toString | quote }}}
+- {name: VCUDA_SIM_MIG, value: {{ $n.mig | quote }}}
+- {name: VCUDA_SIM_MIG_MODEL, value: {{ $n.migModel | quote }}}
+{{- end }}
+{{- end -}}
+
+{{- define "vcuda.simulatorMount" -}}
+{{- if .Values.testing.simulator }}
+- {name: simulator, mountPath: {{ .Values.testing.simulatedNode.stateDir }}}
+{{- end }}
+{{- end -}}
+
+{{- define "vcuda.simulatorVolume" -}}
+{{- if .Values.testing.simulator }}
+- name: simulator   # TEST ONLY: the GPU simulator's shared state, mounted into every GPU container too
+  hostPath: {path: {{ .Values.testing.simulatedNode.stateDir }}, type: DirectoryOrCreate}
+{{- end }}
 {{- end -}}
 
 {{/* Node selector of a node agent: its own label, then the chart-wide one. */}}

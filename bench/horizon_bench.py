@@ -1,0 +1,226 @@
+"""Requests and limits at every horizon (issue 31), on the GPU simulator: the
+policy before issue 31 (`--short-horizon off`, the window alone) and the new
+one (`--short-horizon on`, the default) side by side, scenario by scenario.
+
+Each tenant is bench/c/workload.c `train` (2 ms kernels, 10 launches between
+synchronizes) under libvcuda with its own scheduler endpoint; one
+token_scheduler daemon (window 10 s, the default) decides. Scenarios:
+
+  steady          A 50/50 and B 13/13, both busy from the start
+  idle-then-busy  A busy; B 13/13 registered with it, idle 20 s (two windows), then busy
+  fresh           A busy 20 s; then B 13/13 registered and busy at once
+  elastic         B 13 request, 60 limit, busy; A 50/50 registered, idle 20 s, then busy
+  three           20/20, 30/30 and 50/50, all busy
+
+Per tenant, from 1 s after it starts to 1 s before the end (GPU time the
+simulator served it, sampled every 10 ms): the lowest and highest share over
+any 1 s and any 100 ms interval, its share over the last 10 s, and its shares
+of each of its first 6 seconds; per run the scheduler's grants (renewals
+included) per second and its CPU time per second.
+
+Goals: highest share over 1 s <= limit + 1 pp, over 100 ms <= limit + 10 pp;
+a tenant whose share is its request keeps >= request - 2 pp over any 1 s and
+>= request / 2 over any 100 ms; 10 s shares within 1 pp of the old policy's;
+per-second shares of a capped tenant within 2 pp of its limit after its first
+second; grants/s and CPU at most 2x the old policy's.
+
+`--fake-clock`: the same scenarios and figures for the policy alone on a fake
+clock (token_scheduler/simulate.py: no overrun, no handoff cost, no noise;
+what tests/token_scheduler/test_policy_horizons.py checks).
+
+Run: python bench/horizon_bench.py [--runs 2] [--only steady,fresh] [--fake-clock]
+(also `python bench/compute_bench.py --horizons`), after `pip install .` or
+with VCUDA_LIB_DIR and PYTHONPATH pointing at a build and the checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from workload import BusySampler, build, kill_all, scheduler  # noqa: E402
+
+from py_vcuda.launch import Tenant, tenant_env  # noqa: E402
+from py_vcuda.sim import SimConfig  # noqa: E402
+from token_scheduler.policy import PolicyConfig  # noqa: E402
+from token_scheduler.shares import cumulative, extreme_shares, share_between  # noqa: E402
+from token_scheduler.simulate import SimTenant, Simulation  # noqa: E402
+
+SECOND = 1_000_000_000
+KERNEL_US, DEPTH = 2000, 10
+SAMPLE_S = 0.01
+POLICIES = ("off", "on")
+
+
+@dataclass(frozen=True)
+class Load:
+    name: str
+    request: int
+    limit: int
+    register_s: float  # when it is added to the scheduler
+    start_s: float  # when its process starts launching
+
+
+SCENARIOS: dict[str, tuple[list[Load], float]] = {
+    "steady": ([Load("A", 50, 50, 0, 0), Load("B", 13, 13, 0, 0)], 16),
+    "idle-then-busy": ([Load("A", 50, 50, 0, 0), Load("B", 13, 13, 0, 20)], 32),
+    "fresh": ([Load("A", 50, 50, 0, 0), Load("B", 13, 13, 20, 20)], 32),
+    "elastic": ([Load("A", 50, 50, 0, 20), Load("B", 13, 60, 0, 0)], 32),
+    "three": ([Load("A", 20, 20, 0, 0), Load("B", 30, 30, 0, 0), Load("C", 50, 50, 0, 0)], 16),
+}
+
+
+@dataclass
+class Figures:
+    one_s: tuple[float, float]  # lowest, highest share over any 1 s (percent)
+    tenth_s: tuple[float, float]  # ... over any 100 ms
+    last_10_s: float
+    per_second: list[float]
+
+
+@dataclass
+class Run:
+    tenants: dict[str, Figures]
+    grants_per_s: float
+    cpu_percent: float | None  # the scheduler daemon's; None on the fake clock
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def figures(points: list[tuple[int, int]], start: int, end: int) -> Figures:
+    """A tenant's figures from its (time, GPU time so far) points; it started at `start`."""
+    one = extreme_shares(points, SECOND, start + SECOND, end)
+    tenth = extreme_shares(points, SECOND // 10, start + SECOND, end)
+    per = [share_between(points, start + i * SECOND, start + (i + 1) * SECOND) for i in range(6)]
+    return Figures((100 * one[0], 100 * one[1]), (100 * tenth[0], 100 * tenth[1]),
+                   100 * share_between(points, end - 10 * SECOND, end), [100 * p for p in per])
+
+
+def run_fake_clock(loads: list[Load], seconds: float, policy: str) -> Run:
+    """The same scenario, the policy alone on the fake clock (token_scheduler.simulate):
+    processes that hold exactly what they are lent, no overrun, no handoff cost."""
+    config = PolicyConfig(short_horizon=policy == "on")
+    specs = {load.name: SimTenant(load.name, load.request, load.limit, active_from=int(load.start_s * SECOND))
+             for load in loads}
+    sim = Simulation(config, [specs[x.name] for x in loads if x.register_s == 0], keep_grants=True)
+    for load in sorted((x for x in loads if x.register_s > 0), key=lambda x: x.register_s):
+        sim.run(int(load.register_s * SECOND))
+        sim.add_tenant(specs[load.name])
+    end = int(seconds * SECOND)
+    result = sim.run(end)
+    tenants = {load.name: figures(cumulative(result.hold[load.name]), int(load.start_s * SECOND), end - SECOND)
+               for load in loads}
+    return Run(tenants, len(result.grants) / seconds, None)
+
+
+def run_scenario(exe: Path, tmp: Path, tag: str, loads: list[Load], seconds: float, policy: str) -> Run:
+    sim = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_") and k != "LD_PRELOAD"}
+    sim.update(SimConfig(state_path=tmp / f"sim-{tag}").env())
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    with scheduler("--short-horizon", policy) as (daemon, admin):
+        try:
+            with BusySampler(Path(sim["VCUDA_SIM_STATE"]), SAMPLE_S) as sampler:
+                t0 = time.monotonic_ns()
+                cpu0 = cpu_seconds(daemon.pid)
+                for load in sorted(loads, key=lambda x: x.register_s):
+                    time.sleep(max(0.0, t0 / 1e9 + load.register_s - time.monotonic()))
+                    reply = admin.call("add", tenant=load.name, request=load.request, limit=load.limit)
+                    env = tenant_env(Tenant(), sim, tmp / f"{tag}-{load.name}.ledger")
+                    env["VCUDA_SCHEDULER"] = str(reply["endpoint"])
+                    delay = max(0.0, t0 / 1e9 + load.start_s - time.monotonic())
+                    cmd = [str(exe), "train", str(KERNEL_US), str(DEPTH), str(seconds - load.start_s + 1)]
+                    procs[load.name] = subprocess.Popen(["sh", "-c", f'sleep {delay:.3f}; exec "$@"', "-", *cmd],
+                                                        env=env, stdout=subprocess.DEVNULL)
+                end = t0 + int(seconds * SECOND)
+                time.sleep(max(0.0, end / 1e9 - time.monotonic()) + 0.1)
+                cpu = cpu_seconds(daemon.pid) - cpu0
+                stats = admin.call("stats")["tenants"]
+        finally:
+            kill_all(procs.values())
+    tenants = {}
+    for load in loads:
+        pid = procs[load.name].pid
+        points = [(t, busy.get(pid, 0)) for t, busy in sampler.samples]
+        tenants[load.name] = figures(points, t0 + int(load.start_s * SECOND), end - SECOND)
+    grants = sum(s["grants"] + s["renewals"] for s in stats.values())
+    return Run(tenants, grants / seconds, 100 * cpu / seconds)
+
+
+def span(pair: tuple[float, float]) -> str:
+    return f"{pair[0]:5.1f}-{pair[1]:5.1f}"
+
+
+def report(name: str, loads: list[Load], runs: dict[str, list[Run]]) -> list[str]:
+    """The scenario's table, and the goals it missed under the new policy."""
+    print(f"\n{name}: per tenant, old (--short-horizon off) | new (on); each figure: run 1 / run 2 ...")
+    print(f"  {'tenant':<10}{'policy':<7}{'any 1 s: low-high':<30}{'any 100 ms: low-high':<30}"
+          f"{'last 10 s':<16}per second, first 6 s (run 1)")
+    missed = []
+    for load in loads:
+        for policy in POLICIES:
+            figs = [r.tenants[load.name] for r in runs[policy]]
+            print(f"  {load.name} {load.request}/{load.limit:<5}{policy:<7}"
+                  f"{' / '.join(span(f.one_s) for f in figs):<30}{' / '.join(span(f.tenth_s) for f in figs):<30}"
+                  f"{' / '.join(f'{f.last_10_s:.1f}' for f in figs):<16}"
+                  f"{' '.join(f'{p:.0f}' for p in figs[0].per_second)}")
+        for old, new in zip(runs["off"], runs["on"], strict=True):
+            f, o = new.tenants[load.name], old.tenants[load.name]
+            if f.one_s[1] > load.limit + 1 or f.tenth_s[1] > load.limit + 10:
+                missed.append(f"{name} {load.name}: above its limit at a short horizon")
+            if abs(f.last_10_s - o.last_10_s) > 1:
+                missed.append(f"{name} {load.name}: 10 s share {f.last_10_s:.1f} vs {o.last_10_s:.1f} before")
+            if load.request == load.limit and (f.one_s[0] < load.request - 2 or f.tenth_s[0] < load.request / 2):
+                missed.append(f"{name} {load.name}: below its request at a short horizon")
+            if load.request == load.limit and any(abs(p - load.limit) > 2 for p in f.per_second[1:]):
+                missed.append(f"{name} {load.name}: per-second share off its limit")
+    for policy in POLICIES:
+        cpu = [f"{r.cpu_percent:.2f}" for r in runs[policy] if r.cpu_percent is not None]
+        print(f"  scheduler {policy:<4} grants/s {' / '.join(f'{r.grants_per_s:.1f}' for r in runs[policy])}"
+              + (f", CPU {' / '.join(cpu)} %" if cpu else ""))
+    for old, new in zip(runs["off"], runs["on"], strict=True):
+        if new.grants_per_s > 2 * old.grants_per_s:
+            missed.append(f"{name}: grants/s {new.grants_per_s:.1f} > 2x {old.grants_per_s:.1f}")
+        if new.cpu_percent is not None and old.cpu_percent is not None and new.cpu_percent > 2 * old.cpu_percent:
+            missed.append(f"{name}: scheduler CPU {new.cpu_percent:.2f} % > 2x {old.cpu_percent:.2f} %")
+    return missed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=2, help="runs of each scenario and policy (default 2)")
+    parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios")
+    parser.add_argument("--fake-clock", action="store_true",
+                        help="the policy alone on a fake clock (exact, in a second) instead of the simulator")
+    args = parser.parse_args(argv)
+    missed: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="vcuda-bench-") as d:
+        tmp = Path(d)
+        exe = None if args.fake_clock else build(tmp)
+        for name in args.only.split(","):
+            loads, seconds = SCENARIOS[name]
+            runs = {}
+            for policy in POLICIES:
+                if exe is None:  # deterministic: one run
+                    runs[policy] = [run_fake_clock(loads, seconds, policy)]
+                else:
+                    runs[policy] = [run_scenario(exe, tmp, f"{name}-{policy}-{i}", loads, seconds, policy)
+                                    for i in range(args.runs)]
+            missed += report(name, loads, runs)
+    print("\ngoals (new policy): " + ("all met" if not missed else "MISSED:\n  " + "\n  ".join(missed)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

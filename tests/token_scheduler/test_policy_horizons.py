@@ -1,0 +1,262 @@
+"""Requests and limits at every horizon (issue 31), on the fake clock: the
+scenarios of the issue driven by the simulation with the daemon's defaults
+(window 10 s, quanta 1..50 ms), each tenant's share over every 1 s and every
+100 ms interval checked against its request and limit, and the exact figures
+the policy gives today pinned.
+
+Shares are measured from 1 s after a tenant starts to 1 s before the end of
+the run (a lease still running at the end is not recorded yet).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+
+import pytest
+
+from token_scheduler.policy import HIGH, MS, SECOND, Grant, Policy, PolicyConfig
+from token_scheduler.simulate import FakeClock, SimResult, SimTenant, Simulation
+
+CFG = PolicyConfig(short_horizon=True)  # the daemon's defaults otherwise
+WINDOW_ONLY = replace(CFG, short_horizon=False)
+END = 35 * SECOND
+
+
+@dataclass(frozen=True)
+class Case:
+    desc: str
+    tenants: tuple[SimTenant, ...]
+    late: tuple[SimTenant, ...] = ()  # registered at their active_from, not at 0
+    # Exact shares (percent) over the last 10 s: tenant -> share.
+    shares: tuple[tuple[str, float], ...] = ()
+    # From how long after a tenant starts its request holds over every 100 ms.
+    settle_ns: int = SECOND
+
+
+CASES = [
+    Case("steady: A 50/50 and B 13/13 busy from the start",
+         (SimTenant("A", 50, 50), SimTenant("B", 13, 13)),
+         shares=(("A", 50.0), ("B", 13.0)), settle_ns=4 * SECOND),
+    Case("idle-then-busy: B registered, idle 20 s (two windows), then busy",
+         (SimTenant("A", 50, 50), SimTenant("B", 13, 13, active_from=20 * SECOND)),
+         shares=(("A", 50.0), ("B", 13.0))),
+    Case("fresh: B registered as it starts, A busy for 20 s",
+         (SimTenant("A", 50, 50),), late=(SimTenant("B", 13, 13, active_from=20 * SECOND),),
+         shares=(("A", 50.0), ("B", 13.0))),
+    Case("elastic: B 13 request 60 limit busy; A idle 20 s, then busy",
+         (SimTenant("A", 50, 50, active_from=20 * SECOND), SimTenant("B", 13, 60)),
+         shares=(("A", 50.0), ("B", 50.0))),
+    Case("three tenants 20/30/50 busy",
+         (SimTenant("A", 20, 20), SimTenant("B", 30, 30), SimTenant("C", 50, 50)),
+         shares=(("A", 20.0), ("B", 30.0), ("C", 50.0))),
+]
+
+
+def simulate(case: Case, config: PolicyConfig) -> SimResult:
+    sim = Simulation(config, list(case.tenants), keep_grants=True)
+    for spec in sorted(case.late, key=lambda s: s.active_from):
+        sim.run(spec.active_from)
+        sim.add_tenant(spec)
+    return sim.run(END)
+
+
+def measured(spec: SimTenant) -> tuple[int, int]:
+    return spec.active_from + SECOND, END - SECOND
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.desc.split(":")[0])
+def test_limit_holds_over_any_second_and_any_100ms(case: Case) -> None:
+    result = simulate(case, CFG)
+    for spec in case.tenants + case.late:
+        start, end = measured(spec)
+        assert 100 * result.extreme_shares(spec.name, SECOND, start, end)[1] <= spec.limit + 1, spec.name
+        assert 100 * result.extreme_shares(spec.name, 100 * MS, start, end)[1] <= spec.limit + 10, spec.name
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.desc.split(":")[0])
+def test_request_holds_over_any_second_and_any_100ms(case: Case) -> None:
+    """A busy tenant capped at its request gets it at every horizon, whatever the others
+    did before. (An elastic tenant's share is its request plus what is idle.)"""
+    result = simulate(case, CFG)
+    for spec in case.tenants + case.late:
+        start, end = measured(spec)
+        low_1s = 100 * result.extreme_shares(spec.name, SECOND, start, end)[0]
+        settled = spec.active_from + case.settle_ns
+        low_100ms = 100 * result.extreme_shares(spec.name, 100 * MS, settled, end)[0]
+        assert low_1s >= spec.request - 2, spec.name
+        assert low_100ms >= spec.request / 2, spec.name
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.desc.split(":")[0])
+def test_long_horizon_shares_are_those_of_the_window_policy(case: Case) -> None:
+    new, old = simulate(case, CFG), simulate(case, WINDOW_ONLY)
+    for name, share in case.shares:
+        got = 100 * new.share(name, END - 11 * SECOND, END - SECOND)
+        assert got == pytest.approx(share, abs=0.05), name
+        assert got == pytest.approx(100 * old.share(name, END - 11 * SECOND, END - SECOND), abs=1.0), name
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.desc.split(":")[0])
+def test_a_capped_tenant_settles_at_its_limit_after_its_first_second(case: Case) -> None:
+    """No on/off cycle: each second's share of a capped busy tenant is its limit (when
+    the GPU has room for it), from its second second on."""
+    result = simulate(case, CFG)
+    for spec in case.tenants + case.late:
+        if spec.request != spec.limit:
+            continue
+        for at in range(spec.active_from + SECOND, END - SECOND, SECOND):
+            assert abs(100 * result.share(spec.name, at, at + SECOND) - spec.limit) <= 2, (spec.name, at)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.desc.split(":")[0])
+def test_grants_cost_at_most_twice_the_window_policy(case: Case) -> None:
+    new, old = simulate(case, CFG), simulate(case, WINDOW_ONLY)
+    assert len(new.grants) <= 2 * len(old.grants)
+
+
+def test_the_window_policy_alone_lets_an_idle_tenant_burst() -> None:
+    """What the checks above catch: with the window alone, B back from idle runs at
+    ~100 % and A, well within its request, starves; then B is blocked for seconds."""
+    result = simulate(CASES[1], WINDOW_ONLY)
+    start = 20 * SECOND
+    assert 100 * result.extreme_shares("B", SECOND, start, END - SECOND)[1] > 13 + 1
+    assert 100 * result.extreme_shares("A", SECOND, start, END - SECOND)[0] < 50 - 2
+    assert min(result.share("B", t, t + SECOND) for t in range(start, start + 6 * SECOND, SECOND)) == 0
+
+
+def test_both_starting_at_once_leave_a_hole_for_three_seconds() -> None:
+    """What `settle_ns` of the steady case stands for: two tenants registered and busy
+    at the same instant, A's first leases (its burst still being learned) leave B one
+    wait of 125 ms, which the 1 s window repeats, 8 ms shorter each second (the
+    allowance), for about 3 s."""
+    result = simulate(CASES[0], CFG)
+    assert 100 * result.extreme_shares("B", 100 * MS, SECOND, 4 * SECOND)[0] < 13 / 2
+
+
+@pytest.mark.parametrize("burst_ms", [4, 50, 100])
+def test_priority_unchanged_beside_a_deep_queue_trainer(burst_ms: int) -> None:
+    """bench/latency_bench.py's case: a bursty `high` inference (request 60, half its
+    time busy) beside a trainer (request 40) draining 1 ms after a revocation; limits
+    100, so only the request side of the short horizons applies: the same waits and
+    shares as before. A burst of 50 ms and more once exhausted the idle credit (then
+    the allowance alone) and the inference waited a trainer's lease."""
+    tenants = [SimTenant("infer", 60, 100, burst_ns=burst_ms * MS, idle_ns=burst_ms * MS, priority=HIGH),
+               SimTenant("train", 40, 100, drain_ns=MS)]
+    results = []
+    for config in (CFG, WINDOW_ONLY):
+        sim = Simulation(config, tenants)
+        sim.run(12 * SECOND)
+        sim.result.max_wait_ns["infer"] = 0
+        results.append(sim.run(24 * SECOND))
+    new, old = results
+    assert new.max_wait_ns["infer"] <= CFG.budget_high_ns
+    assert new.max_wait_ns["infer"] == old.max_wait_ns["infer"]
+    for name in ("infer", "train"):
+        assert new.share(name, 12 * SECOND, 22 * SECOND) == pytest.approx(old.share(name, 12 * SECOND, 22 * SECOND),
+                                                                          abs=0.01)
+
+
+# --- the rules, one at a time -------------------------------------------------------
+
+def make(*tenants: tuple[str, int, int]) -> tuple[Policy, FakeClock]:
+    clock = FakeClock(1_000 * SECOND)
+    policy = Policy(CFG, clock)
+    for name, request, limit in tenants:
+        policy.add_tenant(name, request, limit)
+    clock.advance(CFG.window_ns)
+    return policy, clock
+
+
+def hold(policy: Policy, clock: FakeClock, tenant: str) -> int:
+    """Request, get the grant, hold it to its end wanting more, release; returns the quantum."""
+    policy.request(tenant, b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None and grant.tenant == tenant
+    clock.advance(grant.quantum_ns)
+    policy.release(tenant, b"1", grant.lease_id, grant.quantum_ns, True)
+    return grant.quantum_ns
+
+
+def test_a_capped_lease_is_its_limit_of_100ms() -> None:
+    policy, clock = make(("b", 13, 13), ("a", 50, 100))
+    assert [hold(policy, clock, "a") // MS for _ in range(5)] == [10, 15, 22, 33, 50]  # a saturating burst
+    quanta = []
+    for _ in range(4):
+        quanta.append(hold(policy, clock, "b") // MS)
+        clock.advance(SECOND)
+    assert quanta == [10, 13, 13, 13]
+
+
+def test_idle_time_earns_only_the_allowance() -> None:
+    """A capped tenant idle for long starts with half the allowance of credit: after
+    one lease it waits until its pace is even again."""
+    policy, clock = make(("b", 20, 20))
+    assert hold(policy, clock, "b") == 10 * MS  # the initial burst estimate
+    policy.request("b", b"1", 0)
+    assert policy.dispatch() is None
+    # credit 4 ms - 10 ms held + 2 ms earned meanwhile = -4 ms: even after 20 ms at 20 %
+    assert policy.next_deadline() == clock.now + 20 * MS
+
+
+def test_the_100ms_horizon_holds_back_a_second_lease() -> None:
+    """10 % + the allowance is 18 ms per 100 ms: a second 10 ms lease must wait until
+    2 ms of the first have left the 100 ms before its end, 82 ms after the first ended
+    (its pace alone would allow it after 50 ms)."""
+    policy, clock = make(("b", 10, 10))
+    assert hold(policy, clock, "b") == 10 * MS
+    policy.request("b", b"1", 0)
+    assert policy.dispatch() is None
+    assert policy.next_deadline() == clock.now + 82 * MS
+
+
+def test_waiting_behind_others_is_owed_but_idling_is_not() -> None:
+    policy, clock = make(("a", 50, 50), ("b", 50, 100))
+    credit_idle = policy.tenants["a"].short.due.level(clock.now, None)  # type: ignore[union-attr]
+    policy.request("a", b"1", 0)
+    waiting_since = clock.now
+    clock.advance(100 * MS)
+    credit_waiting = policy.tenants["a"].short.due.level(clock.now, waiting_since)  # type: ignore[union-attr]
+    assert credit_idle == CFG.allowance_ns + 50 * MS  # + its request's share of 100 ms
+    assert credit_waiting == credit_idle + 50 * MS
+    assert policy.tenants["b"].short.due.level(clock.now + 10 * SECOND, None) == credit_idle  # type: ignore[union-attr]
+
+
+def test_live_update_starts_short_horizons_afresh() -> None:
+    """The new quota holds over every interval from the change on: time held at the old
+    rate does not block a lowered limit for the next second, and is not owed either."""
+    policy, clock = make(("a", 90, 90))
+    for _ in range(10):  # 50 ms every 60 ms: over 10 % for the last second
+        hold(policy, clock, "a")
+        clock.advance(10 * MS)
+    policy.update_tenant("a", 10, 10)
+    policy.request("a", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None and grant.quantum_ns == 10 * MS
+    assert policy.tenants["a"].short.due.level(clock.now, clock.now) == 0  # type: ignore[union-attr]
+
+
+class VaryingOverrun(Simulation):
+    """Each lease's holder runs past its quantum by 0 to 8 ms (seeded), as real holders
+    draining their in-flight work do."""
+
+    def _start(self, grant: Grant) -> None:
+        if not hasattr(self, "rnd"):
+            self.rnd = random.Random(1)
+        self._procs[grant.client].tenant.overrun_ns = self.rnd.randrange(8 * MS)
+        super()._start(grant)
+
+
+def test_limits_hold_and_little_is_lost_with_overruns_that_vary() -> None:
+    """The expected overrun a capped lease leaves room for is the typical one, not the
+    worst: the worst made every lease wait for room it did not use (93.6 % of the GPU
+    used by three tenants whose limits add up to 100 %; 95.4 % now). Not all is won
+    back: a 50 % tenant delayed by others' overruns makes up for it only within the
+    allowance of its 100 ms room."""
+    tenants = [SimTenant("A", 20, 20), SimTenant("B", 30, 30), SimTenant("C", 50, 50)]
+    result = VaryingOverrun(CFG, tenants, keep_grants=True).run(END)
+    start, end = 5 * SECOND, END - SECOND
+    for spec in tenants:
+        assert 100 * result.extreme_shares(spec.name, SECOND, start, end)[1] <= spec.limit + 1, spec.name
+        assert 100 * result.extreme_shares(spec.name, 100 * MS, start, end)[1] <= spec.limit + 10, spec.name
+    assert sum(100 * result.share(s.name, start, end) for s in tenants) >= 95

@@ -1,0 +1,157 @@
+"""Short-horizon bookkeeping of one tenant: what keeps requests and limits true
+over any 100 ms and any 1 s, not only over the policy's sliding window.
+
+Two kinds of record, both pure (times are passed in, in nanoseconds):
+
+- `RateBucket`: credit earned at a fixed percent of wall time and spent by
+  holding the GPU. At the limit's rate it paces a capped tenant (no burst
+  after idle: idle time earns little); at the request's rate it says whether
+  the tenant is below its request *now* (idle time earns little there too,
+  debt for surplus time stops at a floor). Time spent waiting for the token
+  earns more: it is owed.
+- `Trail`: the tenant's holds of the last second, so the GPU time it held over
+  an exact interval ([now - 100 ms, now], [now - 1 s, now]) is one binary search.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+
+class RateBucket:
+    """Credit in ns: +percent/100 per ns of wall time, -1 per ns held.
+
+    Credit earned while idle (no process of the tenant waiting) stops at `idle_cap`;
+    while waiting for the token, at `cap`, so that waiting for another tenant's lease
+    loses nothing. Debt stops at `floor`."""
+
+    __slots__ = ("percent", "idle_cap", "cap", "floor", "balance", "at")
+
+    def __init__(self, percent: int, idle_cap: int, cap: int, floor: int, now: int) -> None:
+        self.percent = percent
+        self.idle_cap = idle_cap
+        self.cap = cap
+        self.floor = floor
+        self.balance = idle_cap  # a new tenant is like one back from a long idle
+        self.at = now
+
+    def level(self, now: int, waiting_since: int | None) -> int:
+        """The credit at `now`, no hold since the last charge; `waiting_since`: the
+        tenant waits for the token since then (None: it does not)."""
+        if now <= self.at:
+            return self.balance
+        turn = now if waiting_since is None else min(now, max(waiting_since, self.at))
+        balance = self.balance
+        if turn > self.at:
+            earned = balance + self.percent * (turn - self.at) // 100
+            balance = earned if earned <= self.idle_cap else max(balance, self.idle_cap)
+        if now > turn:
+            balance = min(self.cap, balance + self.percent * (now - turn) // 100)
+        return balance
+
+    def settle(self, now: int, waiting_since: int | None) -> None:
+        """Fix the credit at `now` (a grant: the wait it earned from ends here)."""
+        self.balance, self.at = self.level(now, waiting_since), max(now, self.at)
+
+    def restart(self, percent: int, cap: int, now: int) -> None:
+        """A live quota change: from now on at the new rate, neither credit nor debt."""
+        self.percent, self.cap = percent, cap
+        self.balance, self.at = 0, max(now, self.at)
+
+    def level_holding(self, now: int, since: int) -> int:
+        """The credit at `now` of a tenant holding the token since `since` (settled at
+        its grant, not yet charged)."""
+        before = self.level(since, since)
+        held = max(0, now - since)
+        return max(-self.floor, before + self.percent * held // 100 - held)
+
+    def charge(self, start: int, end: int) -> None:
+        """The tenant held the GPU over [start, end] (earning while it held)."""
+        if end <= start:
+            return
+        if start < self.at:  # a late report of time already past: spend it, no earning
+            self.balance = max(-self.floor, self.balance - (end - start))
+            return
+        self.balance = self.level_holding(end, start)
+        self.at = end
+
+    def ns_until_even(self, now: int, waiting_since: int | None) -> int:
+        """How long until the credit is no longer negative, no hold meanwhile."""
+        missing = -self.level(now, waiting_since)
+        if missing <= 0:
+            return 0
+        return -(-missing * 100 // self.percent) + max(0, self.at - now)
+
+
+class Trail:
+    """A tenant's holds ending within `keep_ns` of the newest, with running totals.
+
+    Holds are appended in order of their end; one that ends before the newest
+    (a late report) is placed at the newest end, which can only overstate
+    recent use."""
+
+    __slots__ = ("keep", "starts", "ends", "totals", "head")
+
+    def __init__(self, keep_ns: int) -> None:
+        self.keep = keep_ns
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.totals: list[int] = []  # held ns of every hold up to and including this one
+        self.head = 0  # holds before it ended long ago
+
+    def add(self, start: int, end: int) -> None:
+        if end <= start:
+            return
+        if self.ends and end < self.ends[-1]:
+            start, end = self.ends[-1] - (end - start), self.ends[-1]
+        self.starts.append(start)
+        self.ends.append(end)
+        self.totals.append((self.totals[-1] if self.totals else 0) + end - start)
+        low = end - self.keep
+        while self.head < len(self.ends) and self.ends[self.head] <= low:
+            self.head += 1
+        if self.head > 64 and self.head * 2 > len(self.ends):
+            del self.starts[: self.head], self.ends[: self.head], self.totals[: self.head]
+            self.head = 0
+
+    def held_since(self, low: int) -> int:
+        """GPU time held after `low` (low at least newest end - keep)."""
+        ends = self.ends
+        i = bisect_right(ends, low, self.head)
+        if i == len(ends):
+            return 0
+        held = self.totals[-1] - self.totals[i] + self.ends[i] - self.starts[i]
+        if self.starts[i] < low:
+            held -= low - self.starts[i]
+        return held
+
+    def shed_until(self, low: int, amount: int) -> int:
+        """The smallest low' >= low with held_since(low') <= held_since(low) - amount."""
+        ends, starts = self.ends, self.starts
+        i = bisect_right(ends, low, self.head)
+        for j in range(i, len(ends)):
+            start = max(starts[j], low)
+            if ends[j] - start >= amount:
+                return start + amount
+            amount -= ends[j] - start
+        return ends[-1] if ends else low
+
+
+class ShortHorizon:
+    """One tenant's short-horizon records, charged together with its window."""
+
+    __slots__ = ("pace", "due", "trail")
+
+    def __init__(self, pace: RateBucket, due: RateBucket, trail: Trail) -> None:
+        self.pace = pace  # at the limit's rate
+        self.due = due  # at the request's rate
+        self.trail = trail
+
+    def settle(self, now: int, waiting_since: int) -> None:
+        self.pace.settle(now, waiting_since)
+        self.due.settle(now, waiting_since)
+
+    def charge(self, start: int, end: int) -> None:
+        self.pace.charge(start, end)
+        self.due.charge(start, end)
+        self.trail.add(start, end)

@@ -1,6 +1,6 @@
 """Scenario 5, faults: the kubelet restarted (the plugin registers again, running pods keep their
-quotas, new pods are placed); the node agent's pod deleted (the DaemonSet brings it back, the same);
-`helm uninstall` then `helm install` again on the same node.
+quotas, new pods are placed); containerd restarted (the same); the node agent's pod deleted (the
+DaemonSet brings it back, the same); `helm uninstall` then `helm install` again on the same node.
 
 A pod "holds" a share of a GPU across each fault (the workload image, sleeping); its quota is read
 through `kubectl exec ... vcuda-workload quota` (cuMemGetInfo and NVML's memory query) before and after.
@@ -66,6 +66,19 @@ def test_kubelet_restart(vcuda, namespace):
     assert _restarts(vcuda, namespace, "holder") == 0
     assert vcuda.wait_ready(timeout=60)["device-plugin"]["metadata"]["name"] == agent   # not restarted
     vcuda_tool.record("scenario 5: kubelet restarted", time.monotonic() - started)
+
+
+def test_containerd_restart(vcuda, namespace):
+    """Running containers outlive containerd (their shims stay); the restarted one runs new pods."""
+    _needs(vcuda)
+    started = time.monotonic()
+    _start(vcuda, namespace, "holder", 30, 8)
+    vcuda_tool.record("scenario 5: containerd restart to node Ready", vcuda.cluster.restart("containerd"))
+    assert _quota(vcuda, namespace, "holder") == (8 * UNIT, 8 * UNIT)
+    _start(vcuda, namespace, "after", 20, 4)
+    assert _quota(vcuda, namespace, "after") == (4 * UNIT, 4 * UNIT)
+    assert _restarts(vcuda, namespace, "holder") == 0
+    vcuda_tool.record("scenario 5: containerd restarted", time.monotonic() - started)
 
 
 def test_node_agent_pod_deleted(vcuda, namespace):

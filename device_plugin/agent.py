@@ -241,4 +241,10 @@ class Agent:
             port=self.config.metrics_port, layout=self.layout, mode=self.config.mode, node=self.config.node_name,
             pod_resources_socket=self.config.pod_resources_socket, nvml=self.nvml,
             memory_reconciler=self.memory_reconciler,
-            quota_guard=self.quota_guard if self.memory_reconciler is not None else None)
+            quota_guard=self.quota_guard if self.memory_reconciler is not None else None,
+            unready=self._unready)
+
+    def _unready(self) -> str | None:
+        """Why the agent is not ready for pods (the DaemonSet's readiness probe, /readyz), or None."""
+        missing = self.registrar.unregistered()   # the registrar of the current MIG layout
+        return f"not registered with kubelet: {', '.join(missing)}" if missing else None

@@ -206,6 +206,7 @@ class Registrar:
         self.poll_s = poll_s
         self.retry_s = retry_s
         self.registrations = 0           # successful Register calls, for tests and logs
+        self._unregistered = tuple(ep.plugin.resource for ep in self.endpoints)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -225,6 +226,13 @@ class Registrar:
     def changed(self) -> None:
         for ep in self.endpoints:
             ep.changed()
+
+    def unregistered(self) -> tuple[str, ...]:
+        """The resources kubelet does not have from us right now (none: ready for Allocate).
+
+        kubelet refuses a pod whose resource has no registered plugin (UnexpectedAdmissionError), so
+        the agent is Ready only when this is empty: at start, and again after kubelet restarts."""
+        return self._unregistered
 
     def _loop(self) -> None:
         pending = set(range(len(self.endpoints)))   # endpoints that still need Register
@@ -255,4 +263,5 @@ class Registrar:
                         continue
                     pending.discard(i)
                     self.registrations += 1
+            self._unregistered = tuple(self.endpoints[i].plugin.resource for i in sorted(pending))
             self._stop.wait(self.poll_s)

@@ -124,9 +124,13 @@ def _quota_inputs(m: PodMatch, names: Names, resource: str) -> tuple[object, ...
     return (m.shares, quota_annotations, requested(m.spec, names.memory_resource), m.env.get("VCUDA_DISABLE"))
 
 
+def finished(pod: Pod) -> bool:
+    """Succeeded or Failed: every container has ended for good and its devices are free again."""
+    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
+
+
 def _live(pod: Pod) -> bool:
-    return pod.get("status", {}).get("phase") not in ("Succeeded", "Failed") and \
-        not meta(pod).get("deletionTimestamp")
+    return not finished(pod) and not meta(pod).get("deletionTimestamp")
 
 
 def _age(pod: Pod) -> tuple[str, str, str]:

@@ -4,7 +4,8 @@ changes live, and clean up after containers that are gone.
 On every pod event of the node (device_plugin.pods.PodWatch) and at least
 every `interval_s` (a pass costs one pod list and one pod-resources List):
 
-- a container whose pod (by uid) is no longer on the node is gone;
+- a container whose pod (by uid) is no longer on the node, or has finished (Succeeded, Failed:
+  kube-scheduler, the extender and kubelet free its share at once), is gone;
 - a container without a known pod (anonymous, pgpu, mps) is gone once none of
   its device IDs has appeared in kubelet's pod-resources List for `grace_s`;
 - for a live vgpu container, ``vcuda.io/core-limit`` / ``vcuda.io/priority`` /
@@ -109,8 +110,8 @@ class Reconciler:
                     record = self.confirm_identity(record, ids, by_uid or {})
                 if record.pod_uid and by_uid is not None and record.extra.get("identity") != "provisional":
                     pod = by_uid.get(record.pod_uid)
-                    if pod is None or podlib.meta(pod).get("deletionTimestamp") and _finished(pod):
-                        self.remove(record, "its pod is gone")
+                    if pod is None or podlib.finished(pod):
+                        self.remove(record, "its pod is gone" if pod is None else "its pod has finished")
                     elif record.mode == "vgpu":
                         self.apply_quota(record, pod)
                 elif ids is not None:
@@ -190,6 +191,3 @@ class Reconciler:
             return None
         return entry.gpus[0].memory if entry and entry.gpus else None
 
-
-def _finished(pod: podlib.Pod) -> bool:
-    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")

@@ -181,7 +181,8 @@ class CorePlugin:
         single = len(ctx.inventory.gpus) == 1
         with ctx.store.lock:
             existing = list(ctx.store.records())   # read once: who is served, provisional, init tenants
-            match = self._identify(cores, len(device_ids), single, existing)
+            match, pods = self._identify(cores, len(device_ids), single, existing)
+            existing = self._release_finished(pods, existing)
             annotations = match.annotations if match else {}
             share_memory = next((s.memory for s in match.shares), None) if match and match.shares else None
             units = podlib.requested(match.spec, ctx.names.memory_resource) if match else 0
@@ -262,19 +263,41 @@ class CorePlugin:
             ctx.store.remove(record.key)
 
     def _identify(self, cores: dict[str, int], count: int, single: bool,
-                  existing: list[ContainerRecord]) -> podlib.PodMatch | None:
+                  existing: list[ContainerRecord]) -> tuple[podlib.PodMatch | None, list[podlib.Pod] | None]:
+        """The container this Allocate is for, and the node's pods it was found among (None: no list)."""
         ctx = self.ctx
         try:
             pods = ctx.pods.list_pods(ctx.node)
         except Exception as exc:
             if single:
                 log.warning("no pod list (%s): serving anonymously on this single-GPU node", exc)
-                return None
+                return None, None
             raise AllocationError(f"cannot list the pods of node {ctx.node!r} ({exc}); the plugin needs "
                                   "the API server to tell containers apart on a node with several GPUs",
                                   grpc.StatusCode.UNAVAILABLE) from None
         return podlib.identify(pods, node=ctx.node, names=ctx.names, resource=self.resource, cores=cores,
-                               count=count, allocated=ctx.store.allocated(existing), single_gpu=single)
+                               count=count, allocated=ctx.store.allocated(existing), single_gpu=single), pods
+
+    def _release_finished(self, pods: list[podlib.Pod] | None,
+                          existing: list[ContainerRecord]) -> list[ContainerRecord]:
+        """Release the containers of pods that have finished (Succeeded, Failed), before a new tenant comes.
+
+        A finished pod's GPU share is free for kube-scheduler and the extender at once, and kubelet hands
+        its devices on; its tenant must not stay in the token scheduler until the pod object is deleted,
+        or the next pod the extender places there is refused (its guarantee would push the sum past
+        100 %). The reconciler does the same on the pod's update; this closes the race with it.
+        Returns the records left."""
+        if not pods:
+            return existing
+        finished = {podlib.meta(p).get("uid", "") for p in pods if podlib.finished(p)} - {""}
+        gone = [r for r in existing if r.resource == self.resource and r.pod_uid in finished]
+        for record in gone:
+            log.info("releasing %s (%s/%s:%s): its pod has finished", record.key, record.namespace, record.pod,
+                     record.container)
+            if not any(r.tenant == record.tenant and r.key != record.key for r in self.ctx.store.records()):
+                remove_tenant(self.ctx.schedulers, record)
+            self.ctx.store.remove(record.key)
+        return [r for r in existing if r not in gone]
 
     def _provisional(self, match: podlib.PodMatch | None, existing: list[ContainerRecord]) -> bool:
         """Provisional, or chosen by elimination next to a provisional one (which may be wrong).

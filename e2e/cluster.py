@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A real single-node Kubernetes on this machine, for the e2e tier: etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, containerd (runc, CNI bridge), kubelet and kube-proxy,
+kube-controller-manager, kube-scheduler, CoreDNS, containerd (runc, CNI bridge), kubelet and kube-proxy,
 all built from their Go modules at pinned versions (e2e/gotools.py) and run as root.
 
     python3 e2e/cluster.py build [--version 1.36.3]   # build what is missing into the tool cache
@@ -67,8 +67,13 @@ FEATURE_GATES = {
     "1.34": {"DRAConsumableCapacity": True, "DRAPartitionableDevices": True},
     "1.36": {"DRAConsumableCapacity": True, "DRAPartitionableDevices": True},
 }
-COMPONENTS = ("etcd", "containerd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
-              "kube-proxy")
+COMPONENTS = ("etcd", "containerd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "coredns",
+              "kubelet", "kube-proxy")
+# The cluster's DNS: CoreDNS on the node's address, answering cluster.local only (Services and pods by
+# name, as on every real cluster); nothing is forwarded off the machine. Pods get it as their
+# nameserver (kubelet clusterDNS).
+DNS_PORT = 53
+DNS_READY = "http://127.0.0.1:8181/ready"
 RUNTIME_CONFIG = {"1.34": "resource.k8s.io/v1=true", "1.36": "resource.k8s.io/v1=true"}
 
 
@@ -120,6 +125,8 @@ class Cluster:
             return gotools.ETCD.path
         if prog in ("containerd", "ctr", "containerd-shim-runc-v2"):
             return gotools.CONTAINERD.program(prog)
+        if prog == "coredns":
+            return gotools.COREDNS.path
         return self.kube.program(prog)
 
     @property
@@ -129,7 +136,7 @@ class Cluster:
     def missing(self) -> list[str]:
         """What is not there yet for `up`, each named with how to get it."""
         out = []
-        unbuilt = [f"{t.name} {t.version}" for t in (self.kube, gotools.ETCD, gotools.CONTAINERD)
+        unbuilt = [f"{t.name} {t.version}" for t in (self.kube, gotools.ETCD, gotools.CONTAINERD, gotools.COREDNS)
                    if not t.path.is_file()]
         if unbuilt:
             out.append(f"not built: {', '.join(unbuilt)} (python3 e2e/cluster.py build --version {self.version}; "
@@ -156,7 +163,8 @@ class Cluster:
 
     # ---------------------------------------------------------------- build
     def build(self) -> None:
-        for tool in (self.kube, gotools.ETCD, gotools.CONTAINERD):   # the last two reuse much of its build cache
+        # the others reuse much of Kubernetes' build cache
+        for tool in (self.kube, gotools.ETCD, gotools.CONTAINERD, gotools.COREDNS):
             gotools.ensure(tool, log=self.log)
 
     # ---------------------------------------------------------------- config
@@ -201,6 +209,7 @@ class Cluster:
             "authorization": {"mode": "Webhook"},
             "tlsCertFile": str(self._pki("kubelet")), "tlsPrivateKeyFile": str(self._pki("kubelet", "key")),
             "clusterDomain": "cluster.local",
+            "clusterDNS": [NODE_IP],               # CoreDNS (components())
             "failSwapOn": False,
             # Image GC off: the pause image and the images we import are never pulled again.
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
@@ -226,6 +235,18 @@ class Cluster:
                 "iptables": {"localhostNodePorts": False},
                 "featureGates": {k: v == "true" for k, v in gate_map.items()},
             }, indent=1))
+        (self.dir / "Corefile").write_text(f"""# CoreDNS of the e2e cluster: cluster.local, nothing else
+.:{DNS_PORT} {{
+    bind {NODE_IP}
+    errors
+    ready 127.0.0.1:8181
+    kubernetes cluster.local in-addr.arpa ip6.arpa {{
+        kubeconfig {self.dir / 'admin.kubeconfig'}
+        pods insecure
+    }}
+    cache 30
+}}
+""")
         cni = self.dir / "cni" / "net.d"
         cni.mkdir(parents=True, exist_ok=True)
         (cni / "10-vcuda-e2e.conflist").write_text(json.dumps({
@@ -342,6 +363,7 @@ state = "{RUN / 'containerd' / 'state'}"
                 f"--authorization-kubeconfig={d / 'scheduler.kubeconfig'}",
                 "--bind-address=127.0.0.1", "--leader-elect=false", "--profiling=false", *gate_flag],
                 "https://127.0.0.1:10259/healthz"),
+            Component("coredns", [str(self.bin("coredns")), "-conf", str(d / "Corefile")], DNS_READY),
             Component("kubelet", [
                 str(k.program("kubelet")), f"--config={d / 'kubelet.yaml'}", f"--kubeconfig={d / 'kubelet.kubeconfig'}",
                 f"--hostname-override={NODE}", f"--node-ip={NODE_IP}", f"--root-dir={KUBELET_ROOT}", "--v=2"],
@@ -659,7 +681,7 @@ state = "{RUN / 'containerd' / 'state'}"
         except Exception as exc:   # containerd may be gone already
             if not quiet:
                 self.say(f"removing containers: {exc}")
-        self._stop("kube-scheduler", "kube-controller-manager", "kube-apiserver", "containerd")
+        self._stop("coredns", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "containerd")
         self._stop("etcd")
         self._kill_shims()
         if self.kube.program("kube-proxy").exists():

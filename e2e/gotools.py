@@ -120,7 +120,13 @@ CONTAINERD = GoTool(
     # btrfs needs cgo and its headers; this machine's snapshotter is overlayfs (or native).
     tags="no_btrfs",
 )
-TOOLS: dict[str, GoTool | WrappedTool] = {t.name: t for t in (HELM, ETCD, CONTAINERD)}
+# The cluster's DNS (Services by name, as every real cluster has: vcuda-scheduler reaches the extender
+# at <service>.<namespace>.svc). Its go.mod has no local replaces: plain go install.
+COREDNS = GoTool(
+    "coredns", "github.com/coredns/coredns", "v1.15.0",
+    ldflags="-X github.com/coredns/coredns/coremain.GitCommit=v1.15.0",
+)
+TOOLS: dict[str, GoTool | WrappedTool] = {t.name: t for t in (HELM, ETCD, CONTAINERD, COREDNS)}
 TOOLS.update({f"kubernetes-{v}": kubernetes(v) for v in KUBERNETES_VERSIONS})
 
 

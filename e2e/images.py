@@ -6,6 +6,13 @@ The cluster's pause image and a busybox test image are made this way from files 
 
     python3 e2e/images.py pause OUT.tar      # vcuda.local/pause:3.10
     python3 e2e/images.py busybox OUT.tar    # vcuda.local/busybox:1.35
+    python3 e2e/images.py kube-scheduler OUT.tar --version 1.36.3
+                                             # registry.k8s.io/kube-scheduler:v1.36.3 (the built one)
+
+The kube-scheduler image is what the chart's vcuda-scheduler runs by default
+(`registry.k8s.io/kube-scheduler:<the cluster's version>`), made from the Kubernetes we built
+(gotools.py): the multi-call binary copied in as /usr/local/bin/kube-scheduler, so that its argv[0]
+picks the scheduler.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PAUSE_IMAGE = "vcuda.local/pause:3.10"
 BUSYBOX_IMAGE = "vcuda.local/busybox:1.35"
+KUBE_SCHEDULER_REPOSITORY = "registry.k8s.io/kube-scheduler"   # the chart's scheduler.image default
 BUSYBOX = Path("/bin/busybox")   # Debian's busybox-static
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -140,12 +148,40 @@ def busybox_archive(out: Path) -> Path:
     return write_archive(out, BUSYBOX_IMAGE, [layer], cmd=["sh"])
 
 
+def kube_scheduler_image(version: str) -> str:
+    return f"{KUBE_SCHEDULER_REPOSITORY}:v{version.lstrip('v')}"
+
+
+def kube_scheduler_archive(out: Path, binary: Path, version: str) -> Path:
+    """The upstream scheduler's image from our build: `binary` is the multi-call Kubernetes program (or a
+    symlink to it), copied in as the file /usr/local/bin/kube-scheduler (its name dispatches). No shell, no
+    libc: the program is static. /tmp for its self-signed serving certificate, nobody in /etc/passwd."""
+    real = binary.resolve()
+    if not real.is_file():
+        raise RuntimeError(f"the kube-scheduler image needs the built Kubernetes {version} at {binary} "
+                           f"(python3 e2e/cluster.py build --version {version.lstrip('v')})")
+    layer = Layer(files={"usr/local/bin/kube-scheduler": (real.read_bytes(), 0o755),
+                         "etc/passwd": (b"root:x:0:0:root:/root:/sbin/nologin\n"
+                                        b"nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n", 0o644),
+                         "etc/group": (b"root:x:0:\nnonroot:x:65532:\n", 0o644)},
+                  dirs=["tmp", "etc", "home/nonroot"])
+    return write_archive(out, kube_scheduler_image(version), [layer], entrypoint=["/usr/local/bin/kube-scheduler"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("image", choices=["pause", "busybox"])
+    parser.add_argument("image", choices=["pause", "busybox", "kube-scheduler"])
     parser.add_argument("out", type=Path)
+    parser.add_argument("--version", default=None, help="kube-scheduler: the built Kubernetes version (1.36.3)")
     args = parser.parse_args(argv)
     try:
+        if args.image == "kube-scheduler":
+            import gotools
+
+            version = args.version or "1.36.3"
+            tool = gotools.kubernetes(version)
+            print(kube_scheduler_archive(args.out, tool.program("kube-scheduler"), version))
+            return 0
         print({"pause": pause_archive, "busybox": busybox_archive}[args.image](args.out))
     except RuntimeError as exc:
         print(f"images: error: {exc}", file=sys.stderr)

@@ -248,8 +248,10 @@ class NodeCollector(Collector):
 def start_exporter(*, port: int, addr: str = "", layout: NodeLayout, mode: str, node: str,
                    pod_resources_socket: Path | None, nvml: NVML | None,
                    memory_reconciler: MemoryReconciler | None = None,
-                   quota_guard: QuotaGuard | None = None) -> Callable[[], None]:
-    """Serve `/metrics` on addr:port (port 0: any free port) until the returned function is called.
+                   quota_guard: QuotaGuard | None = None,
+                   unready: Callable[[], str | None] | None = None) -> Callable[[], None]:
+    """Serve `/metrics` on addr:port (port 0: any free port) until the returned function is called;
+    `/readyz` too with `unready` (None: ready; else why not), for the pod's readiness probe.
 
     The bound port is on the returned function as `.port`.
     """
@@ -257,7 +259,8 @@ def start_exporter(*, port: int, addr: str = "", layout: NodeLayout, mode: str, 
     reader = NodeReader(layout, mode=mode, node=node, nvml=nvml, pod_resources=pod_resources)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(reader, memory_reconciler, quota_guard))
-    server, thread = metrics_text.serve(addr or "0.0.0.0", port, lambda: metrics_text.render(registry.collect()))
+    server, thread = metrics_text.serve(addr or "0.0.0.0", port, lambda: metrics_text.render(registry.collect()),
+                                        unready)
 
     def stop() -> None:
         server.shutdown()

@@ -54,10 +54,18 @@ class _QuietHandler(WSGIRequestHandler):
         """Scrapes are not worth a log line each."""
 
 
-def serve(addr: str, port: int, body: Callable[[], bytes]) -> tuple[ThreadingWSGIServer, threading.Thread]:
-    """Serve `body()` as text-format metrics on every path, in a daemon thread."""
+def serve(addr: str, port: int, body: Callable[[], bytes],
+          unready: Callable[[], str | None] | None = None) -> tuple[ThreadingWSGIServer, threading.Thread]:
+    """Serve `body()` as text-format metrics on every path, in a daemon thread; with `unready`, `/readyz`
+    answers 200 "ok" when it returns None and 503 with its reason otherwise (a readiness probe)."""
 
     def app(environ: dict, start_response: Callable) -> list[bytes]:  # type: ignore[type-arg]
+        if unready is not None and environ.get("PATH_INFO") == "/readyz":
+            why = unready()
+            text = b"ok\n" if why is None else f"not ready: {why}\n".encode()
+            start_response("200 OK" if why is None else "503 Service Unavailable",
+                           [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(text)))])
+            return [text]
         data = body()
         headers = [("Content-Type", CONTENT_TYPE_LATEST)]
         if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):

@@ -255,9 +255,10 @@ def ensure_base(base: DebianBase, builder: Builder, run: Runner, refresh: bool =
 
 # --- wheels made on the host ---------------------------------------------------------------------
 
-def source_key(repo: Path) -> str | None:
-    """A hash of every file git would ship (tracked or untracked, not ignored); None outside git."""
-    out = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "-c", "-o", "--exclude-standard"],
+def source_key(repo: Path, paths: Sequence[str] = ()) -> str | None:
+    """A hash of every file git would ship (tracked or untracked, not ignored), or of those under `paths`;
+    None outside git."""
+    out = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "-c", "-o", "--exclude-standard", "--", *paths],
                          capture_output=True)
     if out.returncode != 0:
         return None

@@ -52,14 +52,43 @@ def test_registration_waits_for_kubelet(short_dir, dp):
     agent = Agent(dp.plugin_config(short_dir, "pgpu"), inventory=dp.inventory(1), pods=StaticPods())
     agent.start()
     try:
+        # not Ready (its readiness probe, /readyz): kubelet would refuse the pods it is there for
+        assert agent._unready() == "not registered with kubelet: nvidia.com/gpu"
         kubelet = dp.TestKubelet(short_dir / "dp")
         kubelet.start()
         try:
             assert kubelet.wait_registered("nvidia.com/gpu").options is not None
+            dp.wait_for(lambda: agent._unready() is None, what="Ready once registered")
         finally:
             kubelet.stop()
     finally:
         agent.stop()
+
+
+def test_readyz_answers_the_agents_readiness():
+    """The exporter's port serves /readyz for the DaemonSet's readiness probe: 503 with the reason until
+    the agent is registered, then 200; every other path stays the metrics."""
+    import urllib.error
+    import urllib.request
+
+    from node_state import metrics_text
+
+    why: list[str | None] = ["not registered with kubelet: tencent.com/vcuda-memory"]
+    server, thread = metrics_text.serve("127.0.0.1", 0, lambda: b"vcuda_up 1\n", lambda: why[0])
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url + "/readyz", timeout=5)
+        assert refused.value.code == 503 and b"tencent.com/vcuda-memory" in refused.value.read()
+        why[0] = None
+        with urllib.request.urlopen(url + "/readyz", timeout=5) as ok:
+            assert ok.status == 200 and ok.read() == b"ok\n"
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as metrics:
+            assert metrics.read() == b"vcuda_up 1\n"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
 
 
 def test_device_board_wakes_waiters():

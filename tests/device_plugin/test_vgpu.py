@@ -223,6 +223,36 @@ def test_live_quota_change_and_cleanup(agent_factory, kubelet, dp):
     assert tenants(agent, uuid) == {}
 
 
+def test_a_finished_pods_tenant_is_released_before_its_pod_is_deleted(agent_factory, kubelet, dp):
+    """Seen on a real cluster: a Succeeded pod kept its tenant until the pod object went, so the next
+    pod the extender placed on that GPU (its share free for the schedulers) was refused at Allocate."""
+    p = dp.pod("p", cores=30, phase="Running")
+    agent = agent_factory("vgpu", gpus=1, pods=StaticPods([p]))
+    uuid = dp.gpu(0).uuid
+    kubelet.allocate(CORE, ids(uuid, 30))
+    (rec,) = records(agent)
+    assert tenants(agent, uuid) == {rec.tenant: (30, 30)}
+    p["status"]["phase"] = "Succeeded"   # the pod object stays
+    dp.wait_for(lambda: not agent.layout.container_dir(rec.key).exists(), what="cleanup of the finished pod")
+    assert tenants(agent, uuid) == {}
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_allocate_releases_a_finished_pods_tenant_before_the_next_one(agent_factory, kubelet, dp, phase):
+    """Allocate does not wait for the reconciler: the new tenant's guarantee fits once the finished one goes."""
+    done = dp.pod("done", cores=60, phase="Running")
+    pods = StaticPods([done])
+    agent = agent_factory("vgpu", gpus=1, pods=pods)
+    uuid = dp.gpu(0).uuid
+    kubelet.allocate(CORE, ids(uuid, 60))
+    agent.reconciler.stop()             # only Allocate may clean up now
+    done["status"]["phase"] = phase
+    pods.pods.append(dp.pod("next", cores=60, phase="Pending", created="2026-01-02T00:00:00Z"))
+    kubelet.allocate(CORE, ids(uuid, 60, start=40))   # 60 + 60 > 100 while the finished tenant stays
+    (rec,) = records(agent)
+    assert rec.pod == "next" and tenants(agent, uuid) == {rec.tenant: (60, 60)}
+
+
 def test_priority_annotation_at_allocate_and_live(agent_factory, kubelet, dp):
     p = dp.pod("p", cores=30, annotations={"vcuda.io/priority": "high"})
     agent = agent_factory("vgpu", gpus=1, pods=StaticPods([p]))

@@ -19,14 +19,13 @@ def test_node_reports_the_built_version(cluster):
     assert server["gitVersion"] == f"v{cluster.version}"
 
 
-def test_a_pod_runs_to_completion(cluster):
-    name = f"e2e-hello-{uuid.uuid4().hex[:6]}"
+def _run_busybox(cluster, prefix: str, command: list[str]) -> tuple[str, str, str]:
+    """A busybox pod running `command` to its end: (its name, its phase, its logs or description)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     pod = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
         "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [{
-            "name": "hello", "image": images.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-            "command": ["sh", "-c", 'echo "hello from $(hostname)"; echo "nofile $(ulimit -Hn)"'],
-        }]},
+            "name": "main", "image": images.BUSYBOX_IMAGE, "imagePullPolicy": "Never", "command": command}]},
     }
     cluster.kubectl("apply", "-f", "-", input_=json.dumps(pod))
     try:
@@ -37,15 +36,21 @@ def test_a_pod_runs_to_completion(cluster):
             if phase in ("Succeeded", "Failed"):
                 break
             time.sleep(0.5)
-        described = cluster.kubectl("describe", "pod", name, check=False).stdout
-        assert phase == "Succeeded", described
-        logs = cluster.kubectl("logs", name).stdout
-        assert f"hello from {name}" in logs
-        nofile = int(logs.split("nofile ")[1].split()[0])
-        # Within this machine's hard limit (containerd's default for containers could exceed it).
-        assert nofile <= cluster_tool.resource.getrlimit(cluster_tool.resource.RLIMIT_NOFILE)[1]
+        if phase != "Succeeded":
+            return name, phase, cluster.kubectl("describe", "pod", name, check=False).stdout
+        return name, phase, cluster.kubectl("logs", name).stdout
     finally:
         cluster.kubectl("delete", "pod", name, "--wait=false", check=False)
+
+
+def test_a_pod_runs_to_completion(cluster):
+    name, phase, logs = _run_busybox(cluster, "e2e-hello", [
+        "sh", "-c", 'echo "hello from $(hostname)"; echo "nofile $(ulimit -Hn)"'])
+    assert phase == "Succeeded", logs
+    assert f"hello from {name}" in logs
+    nofile = int(logs.split("nofile ")[1].split()[0])
+    # Within this machine's hard limit (containerd's default for containers could exceed it).
+    assert nofile <= cluster_tool.resource.getrlimit(cluster_tool.resource.RLIMIT_NOFILE)[1]
 
 
 def test_dra_gates_are_on(cluster):
@@ -81,3 +86,11 @@ def test_dra_gates_are_on(cluster):
         assert device["consumesCounters"][0]["counterSet"] == "gpu-0"
     finally:
         cluster.kubectl("delete", "-f", "-", "--wait=false", input_=body, check=False)
+
+
+def test_pods_resolve_services_by_name(cluster):
+    """The cluster's DNS (CoreDNS on the node's address): a pod finds a Service by its name, as
+    vcuda-scheduler finds the extender."""
+    _, phase, logs = _run_busybox(cluster, "e2e-dns", ["nslookup", "kubernetes.default.svc.cluster.local"])
+    assert phase == "Succeeded", logs
+    assert cluster_tool.API_SERVICE_IP in logs

@@ -1,0 +1,113 @@
+"""Scenario 1, vgpu: two pods that ask for 30 cores/8 GiB and 50 cores/4 GiB and name no scheduler.
+
+The webhook sends them to vcuda-scheduler, whose extender places both on one GPU; the real kubelet
+calls the node agent's Allocate and containerd runs them with libvcuda and the simulated driver (the
+chart's testing.simulator). Each sees its quota through cuMemGetInfo and NVML's memory query (the one
+nvidia-smi makes), is refused past it, and the exporter measures their GPU-time shares at 0.30 and
+0.50 within 2 percentage points over 20 s.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import vcuda as vcuda_tool
+from prometheus_client.parser import text_string_to_metric_families
+from shimtest import parse
+
+GiB = 1 << 30
+MiB = 1 << 20
+UNIT = 256 * MiB                 # tencent.com/vcuda-memory's unit
+CHUNK = 256 * MiB
+OUT_OF_MEMORY = 2                # CUDA_ERROR_OUT_OF_MEMORY
+COMPUTE_S = 75                   # each pod's kernels run this long; the share is measured inside it
+WINDOW_S = 20
+PODS = {"share-30": (30, 8 * GiB), "share-50": (50, 4 * GiB)}
+
+
+def _needs(vcuda) -> None:
+    missing = vcuda_tool.scenario_missing(vcuda)
+    if missing:
+        pytest.skip(f"scenario 1 needs {missing}")
+
+
+def _pod(name: str, cores: int, memory: int) -> dict:
+    script = (f"vcuda-workload quota-fill {CHUNK}; echo quota-fill-done; "
+              f"vcuda-workload compute 10000 {COMPUTE_S}; echo compute-done; sleep 3600")
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+        "hostPID": True,          # the simulator's driver shares its state by host pid (README testing.simulator)
+        "terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
+        "containers": [{
+            "name": "main", "image": vcuda_tool.WORKLOAD_IMAGE, "imagePullPolicy": "Never",
+            "command": ["sh", "-c", script],
+            "resources": {"limits": {"tencent.com/vcuda-core": str(cores),
+                                     "tencent.com/vcuda-memory": str(memory // UNIT)}}}]}}
+
+
+def _metrics(vcuda, agent: str) -> dict[tuple[str, str], dict[str, float]]:
+    """The agent's exporter through the API server's pod proxy: {(pod, metric): {gpu uuid: value}}."""
+    text = vcuda.cluster.kubectl(
+        "get", "--raw", f"/api/v1/namespaces/{vcuda_tool.NAMESPACE}/pods/{agent}:9394/proxy/metrics").stdout
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if "pod" in s.labels:
+                out.setdefault((s.labels["pod"], s.name), {})[s.labels.get("uuid", "")] = s.value
+    return out
+
+
+def test_two_shares_on_one_gpu(vcuda, namespace):
+    _needs(vcuda)
+    started = time.monotonic()
+    c = vcuda.cluster
+    agent = vcuda.wait_ready(timeout=60)["device-plugin"]["metadata"]["name"]
+    for name, (cores, memory) in PODS.items():
+        vcuda_tool.create(c, {**_pod(name, cores, memory), "metadata": {"name": name, "namespace": namespace}})
+
+    def explain() -> str:
+        return "\n".join(c.kubectl("describe", "pod", "-n", namespace, n, check=False).stdout[-2500:] for n in PODS)
+
+    def logs(name: str) -> str:
+        return c.kubectl("logs", "-n", namespace, name, check=False).stdout
+
+    # Placed by vcuda-scheduler through the extender, on the same GPU, and running.
+    pods = {}
+    for name in PODS:
+        pods[name] = vcuda_tool.wait_for(f"pod {name} Running", lambda n=name: (
+            p := vcuda_tool.get(c, "pod", n, namespace))["status"].get("phase") == "Running" and p,
+            timeout=120, explain=explain)
+        assert pods[name]["spec"]["schedulerName"] == "vcuda-scheduler"
+    gpus = {n: {g["uuid"] for ct in json.loads(p["metadata"]["annotations"]["vcuda.io/gpu-assignment"])["containers"]
+                for g in ct["gpus"]} for n, p in pods.items()}
+    assert all(len(g) == 1 for g in gpus.values()) and len(set.union(*gpus.values())) == 1, gpus
+
+    # Each sees its own quota and is refused past it.
+    outs = {}
+    for name, (_, memory) in PODS.items():
+        text = vcuda_tool.wait_for(f"{name}'s quota-fill", lambda n=name: "quota-fill-done" in (t := logs(n)) and t,
+                                   timeout=60, explain=explain)
+        out = {d["cmd"]: d for d in parse(text) if "rc" in d}
+        outs[name] = out
+        assert out["init"]["rc"] == "0" and out["ctx"]["rc"] == "0", text
+        assert (out["info"]["rc"], int(out["info"]["total"])) == ("0", memory), text      # cuMemGetInfo
+        assert (out["nvmem"]["rc"], int(out["nvmem"]["total"])) == ("0", memory), text    # nvidia-smi's query
+        fill = out["fill"]
+        assert int(fill["rc"]) == OUT_OF_MEMORY, text
+        assert int(fill["bytes"]) <= memory and int(fill["bytes"]) + CHUNK > int(out["info"]["free"]), text
+
+    # The shares, from the exporter's GPU-time counters over WINDOW_S while both run kernels.
+    time.sleep(5)
+    t0, m0 = time.monotonic(), _metrics(vcuda, agent)
+    time.sleep(WINDOW_S)
+    t1, m1 = time.monotonic(), _metrics(vcuda, agent)
+    for name, (cores, _) in PODS.items():
+        key = (name, "vcuda_container_gpu_time_seconds_total")
+        assert key in m0 and key in m1, sorted(k for k in m1 if k[0] == name)
+        share = (sum(m1[key].values()) - sum(m0[key].values())) / (t1 - t0)
+        vcuda_tool.note(f"scenario 1: {name}'s GPU-time share over {t1 - t0:.0f} s", f"{share:.3f}")
+        assert abs(share - cores / 100) <= 0.02, (name, share)
+    for name in PODS:
+        assert "compute-done" not in logs(name), "the kernels ended inside the measured window"
+    vcuda_tool.record("scenario 1 (vgpu: two shares on one GPU)", time.monotonic() - started)

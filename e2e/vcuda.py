@@ -30,7 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "deploy" / "helm" / "vcuda"
 RELEASE = "vcuda"
 NAMESPACE = "vcuda-system"
-NODE_LABEL = "vcuda.io/device-plugin"
+NODE_LABEL = "vcuda.io/device-plugin"     # <mode>: the node agent of that mode
+DRA_LABEL = "vcuda.io/dra-driver"         # true: the DRA driver (a node runs one or the other)
+MODES = ("vgpu", "pgpu", "mps", "dra")
 VCUDA_IMAGE = "localhost/vcuda:0.1.0"          # deploy/image/build's default tag, the chart's appVersion
 WORKLOAD_IMAGE = "localhost/vcuda-workload:e2e"
 WORKLOAD_BUILD = REPO / "e2e" / "workload" / "build"
@@ -127,7 +129,8 @@ def chart_has_simulator() -> bool:
 
 @dataclass
 class Install:
-    """One Helm release of vcuda on the cluster, with the node labelled for one mode."""
+    """One Helm release of vcuda on the cluster, with the node labelled for one mode: a node agent's
+    (vgpu, pgpu, mps) or the DRA driver's (dra, with the chart's dra.enabled)."""
 
     cluster: cluster_tool.Cluster
     mode: str = "vgpu"
@@ -143,7 +146,29 @@ class Install:
              "image.pullPolicy": "Never", "scheduler.image.pullPolicy": "Never"}
         if self.simulator:
             v["testing.simulator"] = "true"
+        if self.mode == "dra":
+            v["dra.enabled"] = "true"
         return {**v, **self.extra}
+
+    def label(self) -> tuple[str, str]:
+        """The node label (key, value) that puts this mode's agent on the node."""
+        return (DRA_LABEL, "true") if self.mode == "dra" else (NODE_LABEL, self.mode)
+
+    def ensure(self, mode: str = "vgpu", extra: dict[str, str] | None = None) -> float:
+        """This release installed in `mode` with `extra` values: reinstalled (helm uninstall, install)
+        only when it is not so already. Seconds it took (0 when nothing changed). The e2e scenarios
+        share one release; each asks for the mode it needs."""
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
+        extra = dict(extra or {})
+        if (mode, extra) == (self.mode, self.extra) and self.installed():
+            return 0.0
+        started = time.monotonic()
+        if self.installed():
+            self.uninstall()
+        self.mode, self.extra = mode, extra
+        self.install()
+        return time.monotonic() - started
 
     def images(self) -> float:
         """Build what changed, import all three; seconds it took."""
@@ -167,7 +192,8 @@ class Install:
         label that came just after the DaemonSet (desired 0 until the next node update)."""
         started = time.monotonic()
         sets = [a for k, v in self.values().items() for a in ("--set", f"{k}={v}")]
-        self.cluster.kubectl("label", "node", cluster_tool.NODE, f"{NODE_LABEL}={self.mode}", "--overwrite")
+        key, value = self.label()
+        self.cluster.kubectl("label", "node", cluster_tool.NODE, f"{key}={value}", "--overwrite")
         self.cluster.helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace", *sets)
         self.wait_ready(timeout)
         took = time.monotonic() - started
@@ -180,7 +206,7 @@ class Install:
         if self.installed():
             self.cluster.helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", f"--timeout={int(timeout)}s",
                               timeout=timeout + 30)
-        self.cluster.kubectl("label", "node", cluster_tool.NODE, f"{NODE_LABEL}-", check=False)
+        self.cluster.kubectl("label", "node", cluster_tool.NODE, f"{NODE_LABEL}-", f"{DRA_LABEL}-", check=False)
         wait_for("the release's pods gone", lambda: not [
             p for p in self.pods() if p["metadata"].get("labels", {}).get("app.kubernetes.io/instance") == RELEASE],
             timeout=timeout, explain=self.diagnose)
@@ -188,7 +214,8 @@ class Install:
     def expected(self) -> list[str]:
         """The components whose pods must be Ready (app.kubernetes.io/name suffixes). The node agent
         only on the simulator: on this machine it has no GPU (no NVML) otherwise, and exits."""
-        return ["extender", "scheduler", *(["device-plugin"] if self.simulator else [])]
+        agent = "dra-driver" if self.mode == "dra" else "device-plugin"
+        return ["extender", "scheduler", *([agent] if self.simulator else [])]
 
     def pods(self) -> list[dict]:
         out = self.cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json")
@@ -273,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["install", "uninstall"])
     parser.add_argument("--version", default=cluster_tool.DEFAULT_VERSION)
-    parser.add_argument("--mode", default="vgpu", choices=["vgpu", "pgpu", "mps"])
+    parser.add_argument("--mode", default="vgpu", choices=MODES)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extra chart value (repeatable), as helm's --set")
     parser.add_argument("--no-simulator", action="store_true", help="do not set testing.simulator")
     args = parser.parse_args(argv)
     c = cluster_tool.Cluster(args.version)
@@ -281,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vcuda e2e: cluster {c.version} is not up (python3 e2e/cluster.py up --version {c.version})",
               file=sys.stderr)
         return 1
-    inst = Install(c, mode=args.mode, simulator=chart_has_simulator() and not args.no_simulator)
+    extra = dict(kv.split("=", 1) for kv in args.set if "=" in kv)
+    inst = Install(c, mode=args.mode, simulator=chart_has_simulator() and not args.no_simulator, extra=extra)
     try:
         if args.action == "install":
             inst.images()

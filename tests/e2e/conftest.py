@@ -5,10 +5,12 @@ Deselected by the default run (pyproject's addopts say `-m "not e2e"`); run them
 up once per session (or is reused when it is already up) and goes down at the end unless it was up
 before or VCUDA_E2E_KEEP=1. VCUDA_E2E_K8S picks the Kubernetes version (default 1.36.3).
 
-The session fixture `vcuda` installs vcuda on it as a user does (e2e/vcuda.py): the images built
+The session fixture `release` installs vcuda on it as a user does (e2e/vcuda.py): the images built
 offline (cached) and imported, `helm install` of the chart, the node labelled for vgpu, every pod
-Ready; at the end `helm uninstall` (also kept with VCUDA_E2E_KEEP=1). Each scenario's time is printed
-in the summary ("vcuda e2e timings").
+Ready; at the end `helm uninstall` (also kept with VCUDA_E2E_KEEP=1). A scenario that needs another
+mode (pgpu, dra) or other chart values asks `release.ensure(mode, values)`, which reinstalls only when
+they differ; the fixture `vcuda` is the release as vgpu with the chart's defaults. Each scenario's
+time is printed in the summary ("vcuda e2e timings").
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def cluster() -> Iterator[cluster_tool.Cluster]:
 
 
 @pytest.fixture(scope="session")
-def vcuda(cluster: cluster_tool.Cluster) -> Iterator[vcuda_tool.Install]:
+def release(cluster: cluster_tool.Cluster) -> Iterator[vcuda_tool.Install]:
     """vcuda installed with its Helm chart (a release left by an earlier run is uninstalled first)."""
     inst = vcuda_tool.Install(cluster, simulator=vcuda_tool.chart_has_simulator())
     try:
@@ -80,6 +82,18 @@ def vcuda(cluster: cluster_tool.Cluster) -> Iterator[vcuda_tool.Install]:
     yield inst
     if os.environ.get("VCUDA_E2E_KEEP") != "1":
         inst.uninstall()
+
+
+@pytest.fixture
+def vcuda(release: vcuda_tool.Install) -> vcuda_tool.Install:
+    """The release as vgpu with the chart's defaults (reinstalled so if a scenario before changed it)."""
+    try:
+        took = release.ensure("vgpu")
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    if took:
+        record("helm reinstall as vgpu", took)
+    return release
 
 
 @pytest.fixture

@@ -322,11 +322,25 @@ def test_two_shares_of_one_gpu(dra, namespace):
 
 # ---------------------------------------------------------------- a MIG partition made at prepare
 
-def test_mig_partition_made_at_prepare(dra, namespace):
+# GPU 1 with MIG mode on from the start, in a simulator state of its own (the simulator takes its settings when
+# its state file is made, and the other scenarios want GPU 1 whole).
+MIG_ON = {**VALUES, "testing.simulatedNode.mig": ";on", "testing.simulatedNode.stateDir": "/var/lib/vcuda-sim-e2e-dra"}
+
+
+@pytest.mark.parametrize("mig_mode", ["off", "on"])
+def test_mig_partition_made_at_prepare(dra, namespace, mig_mode):
+    """MIG mode off: the driver turns it on for the partition and off again after (GPU 1 is offered whole
+    when idle); on: it stays on, and GPU 1 is offered as partitions only."""
+    if mig_mode == "on":
+        try:
+            took = dra.ensure("dra", MIG_ON)
+        except RuntimeError as exc:
+            pytest.fail(str(exc))
+        vcuda_tool.record("helm reinstall as the DRA driver, GPU 1 in MIG mode", took)
     started = time.monotonic()
     c = dra.cluster
     before = _nvml(dra, 1)
-    assert before["devices"] == [] and not before["mode"][0], before
+    assert before["devices"] == [] and before["mode"][0] == (mig_mode == "on"), before
     vcuda_tool.create(c, _template(namespace, "mig-1g", _request(
         "mig.vcuda.io", selector='device.attributes["gpu.vcuda.io"].profile == "1g.10gb"')))
     vcuda_tool.create(c, _pod(namespace, "mig", {"gpu": {"resourceClaimTemplateName": "mig-1g"}},
@@ -339,7 +353,7 @@ def test_mig_partition_made_at_prepare(dra, namespace):
     assert result["device"].startswith("gpu-1-mig-1g-10gb-"), result
     start = int(result["device"].rsplit("-", 1)[1])
 
-    # Made at prepare, at the placement the scheduler chose, MIG mode turned on for it.
+    # Made at prepare, at the placement the scheduler chose, MIG mode on (turned on for it where it was off).
     now = _nvml(dra, 1)
     assert now["mode"][0], now
     (inst,) = now["devices"]
@@ -353,24 +367,33 @@ def test_mig_partition_made_at_prepare(dra, namespace):
     # NVML to the container's devices, and the instance has all of its memory, so no quota narrows it either).
     assert out["ctx"]["rc"] == "0" and out["info"]["rc"] == "0", text
     assert int(out["info"]["total"]) == inst["memory"], (text, inst)
-    vcuda_tool.note(f"scenario 4: the 1g.10gb instance's memory ({c.version})", f"{inst['memory'] // MiB} MiB")
+    vcuda_tool.note(f"scenario 4: the 1g.10gb instance's memory ({c.version}, MIG mode {mig_mode})",
+                    f"{inst['memory'] // MiB} MiB")
     # GPU 1 in MIG mode is not offered whole; its other partitions still are.
     offered = vcuda_tool.wait_for("GPU 1 no longer offered whole", lambda: "gpu-1" not in (d := _devices(_slices(c)))
                                   and d, timeout=30)
     assert any(n.startswith("gpu-1-mig-") for n in offered), sorted(offered)
 
-    # Destroyed, and MIG mode off again, once the pod is gone.
+    # Destroyed once the pod is gone, and MIG mode as it was before.
     gone = time.monotonic()
     c.kubectl("delete", "pod", "-n", namespace, "mig", "--wait=true", "--timeout=60s", timeout=90)
-    after = vcuda_tool.wait_for("the partition destroyed", lambda: (
-        n := _nvml(dra, 1))["devices"] == [] and not n["mode"][0] and n, timeout=60, every=1,
-        explain=lambda: json.dumps(_nvml(dra, 1)))
-    assert after["devices"] == []
-    # ... and GPU 1 offered whole again, consuming every counter of its pool.
-    whole = vcuda_tool.wait_for("GPU 1 offered whole again", lambda: _devices(_slices(c)).get("gpu-1"), timeout=30)
-    assert whole.get("consumesCounters") and whole.get("allowMultipleAllocations"), whole
-    vcuda_tool.record("scenario 4: pod deleted to its partition destroyed", time.monotonic() - gone)
-    vcuda_tool.record("scenario 4: a 1g.10gb partition made and destroyed", time.monotonic() - started)
+    vcuda_tool.wait_for("the partition destroyed", lambda: (n := _nvml(dra, 1))["devices"] == [] and n["mode"][0] ==
+                        (mig_mode == "on"), timeout=60, every=1, explain=lambda: json.dumps(_nvml(dra, 1)))
+    took = time.monotonic() - gone
+    if mig_mode == "off":   # ... and GPU 1 offered whole again, consuming every counter of its pool
+        whole = vcuda_tool.wait_for("GPU 1 offered whole again", lambda: _devices(_slices(c)).get("gpu-1"),
+                                    timeout=30)
+        assert whole.get("consumesCounters") and whole.get("allowMultipleAllocations"), whole
+    else:                   # ... or as its partitions only (a GPU in MIG mode is never offered whole)
+        def partitions() -> dict | None:
+            d = _devices(_slices(c))
+            small = [n for n, x in d.items() if x["attributes"].get("profile") == {"string": "1g.10gb"}]
+            return d if len(small) == 7 else None
+        devs = vcuda_tool.wait_for("GPU 1's seven 1g.10gb partitions offered", partitions, timeout=30)
+        assert "gpu-1" not in devs, sorted(devs)
+    vcuda_tool.record(f"scenario 4: pod deleted to its partition destroyed (MIG mode {mig_mode})", took)
+    vcuda_tool.record(f"scenario 4: a 1g.10gb partition made and destroyed (MIG mode {mig_mode})",
+                      time.monotonic() - started)
 
 
 # ---------------------------------------------------------------- the scheduler's questions

@@ -64,6 +64,12 @@ class Reconciler:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def ours(self, record: ContainerRecord) -> bool:
+        """Whether the device plugin's Allocate made this container: its modes' resources, and pgpu's
+        MIG resources (mixed strategy: nvidia.com/mig-<profile>), whose containers keep a GPU busy
+        for a MIG layout until they go."""
+        return record.resource in self.resources or record.resource.startswith(pgpu.MIG_RESOURCE_PREFIX)
+
     def wake(self) -> None:
         """Run a pass now (a pod on the node changed), not at the next interval."""
         self._wake.set()
@@ -104,7 +110,7 @@ class Reconciler:
         now = time.time()
         with self.store.lock:
             for record in list(self.store.records()):
-                if record.resource not in self.resources:
+                if not self.ours(record):
                     continue   # another part's container (a DRA claim's): not ours to requota or remove
                 if ids is not None and (record.extra.get("identity") == "provisional" or not record.pod):
                     record = self.confirm_identity(record, ids, by_uid or {})

@@ -59,6 +59,7 @@ class Reconciler:
         self.interval_s = interval_s
         self.resources = {names.core_resource, pgpu.RESOURCE, mps.RESOURCE}   # what its Allocate records
         self._missing_since: dict[str, float] = {}
+        self.on_removed: Callable[[], None] | None = None   # after a container went (the MIG layouts wait on it)
         self._warned: dict[str, str] = {}
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -156,6 +157,8 @@ class Reconciler:
         remove_tenant(self.schedulers, record)
         self.store.remove(record.key)
         self._missing_since.pop(record.key, None)
+        if self.on_removed is not None:
+            self.on_removed()
 
     def apply_quota(self, record: ContainerRecord, pod: podlib.Pod) -> None:
         annotations = dict(podlib.meta(pod).get("annotations") or {})

@@ -106,7 +106,10 @@ def test_tamper_rows_are_held_to_quota_and_gpu(vcuda, namespace):
         return steps_out
 
     ordinal = {}
-    for name in ROWS:
+    for name, env in ROWS.items():
+        # The spec's variable reached the container's processes (kubelet puts it after the plugin's) ...
+        seen_env = set(c.kubectl("exec", "-n", namespace, name, "--", "env").stdout.splitlines())
+        assert {f"{k}={v}" for k, v in env.items()} <= seen_env, (name, sorted(seen_env))
         out = probe(name, "devs")
         devs = out["devs"][0]
         assert devs["rc"] == "0", out["_text"]
@@ -118,6 +121,8 @@ def test_tamper_rows_are_held_to_quota_and_gpu(vcuda, namespace):
         # Every other GPU refused; its own usable, with its quota, and refused past it.
         out = probe(name, *(f"ctx:{i}" for i in others), f"ctx:{mine}", "info", f"nvmem:{mine}", f"fill:{CHUNK}")
         text = out["_text"]
+        # ... and libvcuda said it ignores the ones of its own (the quota file rules)
+        assert all(f"ignoring {k}" in text[0]["stderr"] for k in env if k.startswith("VCUDA_")), (name, text)
         assert [int(d["rc"]) for d in out["ctx"]] == [INVALID_DEVICE] * len(others) + [0], (name, text)
         info, nvmem, fill = out["info"][0], out["nvmem"][0], out["fill"][0]
         assert (info["rc"], int(info["total"])) == ("0", MEMORY), (name, text)       # cuMemGetInfo

@@ -21,6 +21,11 @@ where kubelet's reuse of their devices puts them (scheduler_extender.placement,
 PodUse), so they are matched like app containers; an init container that an
 older assignment does not name is accepted on any of its pod's GPUs.
 
+"Oldest" is kubelet's order: the order pods were bound to the node, which is the order they reach
+kubelet's watch and so its admission. The agent's own watch of the node's pods sees them in the same
+order (`Arrivals`); creationTimestamp (one-second resolution: pods created together tie, and names
+would then decide) orders only the pods the watch has not numbered.
+
 Pods come from a `PodSource`; the real one asks the API server through the
 ``kubernetes`` client, tests pass a list.
 """
@@ -31,6 +36,7 @@ import dataclasses
 import functools
 import json
 import logging
+import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -51,6 +57,39 @@ class PodSource(Protocol):
         ...
 
 
+ARRIVAL = "_vcudaArrival"   # set by KubePods on each pod it returns: its place in the order pods were bound
+
+
+class Arrivals:
+    """The order in which the node's pods were bound to it, as this agent's pod watch saw them (the
+    order kubelet, watching the same pods, receives and admits them). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._seq: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def listed(self, pods: Sequence[Pod]) -> None:
+        """A (re)list: pods not numbered yet are numbered oldest first (their bind order is unknown)."""
+        for pod in sorted(pods, key=_age):
+            self.note("ADDED", pod)
+
+    def note(self, kind: str, pod: Pod) -> None:
+        uid = meta(pod).get("uid", "")
+        if not uid:
+            return
+        with self._lock:
+            if kind == "DELETED":
+                self._seq.pop(uid, None)
+            elif uid not in self._seq and (pod.get("spec") or {}).get("nodeName"):
+                self._seq[uid] = self._next
+                self._next += 1
+
+    def of(self, pod: Pod) -> int | None:
+        with self._lock:
+            return self._seq.get(meta(pod).get("uid", ""))
+
+
 class StaticPods:
     """A fixed list, for tests and for running without an API server (empty)."""
 
@@ -64,15 +103,22 @@ class StaticPods:
 class KubePods:
     """Pods on a node from the API server (field selector spec.nodeName)."""
 
-    def __init__(self, api: Any, timeout: float = 5.0) -> None:
+    def __init__(self, api: Any, timeout: float = 5.0, arrivals: Arrivals | None = None) -> None:
         self.api = api            # kubernetes.client.CoreV1Api
         self.timeout = timeout
+        self.arrivals = arrivals  # the pod watch's bind order: each pod returned carries its number (ARRIVAL)
 
     def list_pods(self, node: str) -> list[Pod]:
         resp = self.api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}",
                                                     _preload_content=False, _request_timeout=self.timeout)
         raw = getattr(resp, "response", resp)
-        return list(json.loads(raw.data).get("items", []))
+        pods = list(json.loads(raw.data).get("items", []))
+        if self.arrivals is not None:
+            for pod in pods:
+                n = self.arrivals.of(pod)
+                if n is not None:
+                    pod[ARRIVAL] = n
+        return pods
 
 
 @dataclass(frozen=True)
@@ -138,6 +184,13 @@ def _age(pod: Pod) -> tuple[str, str, str]:
     return m.get("creationTimestamp", ""), m.get("namespace", ""), m.get("name", "")
 
 
+def _admission(pod: Pod) -> tuple[int, int, tuple[str, str, str]]:
+    """kubelet's order: bound first (ARRIVAL, where the watch numbered it), then the oldest; a pod the
+    watch has not seen yet was bound after every one it has."""
+    n = pod.get(ARRIVAL)
+    return (0, n, _age(pod)) if isinstance(n, int) else (1, 0, _age(pod))
+
+
 def containers_of(pod: Pod) -> list[tuple[dict[str, Any], bool]]:
     """(container, is init container) in the order kubelet allocates them: init containers first."""
     spec = pod.get("spec", {})
@@ -164,7 +217,7 @@ def waiting(pods: Sequence[Pod], resource: str, allocated: Collection[tuple[str,
     Allocate is for.
     """
     out = []
-    for pod in sorted((p for p in pods if _live(p)), key=_age):
+    for pod in sorted((p for p in pods if _live(p)), key=_admission):
         uid = meta(pod).get("uid", "")
         for c, init in containers_of(pod):
             if requested(c, resource) > 0 and (uid, c.get("name")) not in allocated:
@@ -304,9 +357,15 @@ class PodWatch(ListWatch):
     """
 
     def __init__(self, api: Any, node: str, on_event: Callable[[], None], *, watch_timeout: int = 240,
-                 retry_s: float = 2.0) -> None:
+                 retry_s: float = 2.0, arrivals: Arrivals | None = None) -> None:
         self.api = api            # kubernetes.client.CoreV1Api
         self.node = node
+
+        def event(kind: str, obj: Pod) -> None:
+            if arrivals is not None:
+                arrivals.note(kind, obj)
+            on_event()
+
         super().__init__(functools.partial(api.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}"),
-                         "pod-watch", on_event=lambda _type, _obj: on_event(), watch_timeout=watch_timeout,
-                         retry_s=retry_s)
+                         "pod-watch", on_event=event, on_list=arrivals.listed if arrivals is not None else None,
+                         watch_timeout=watch_timeout, retry_s=retry_s)

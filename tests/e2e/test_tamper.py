@@ -70,19 +70,18 @@ def test_tamper_rows_are_held_to_quota_and_gpu(vcuda, namespace):
     started = time.monotonic()
     c = vcuda.cluster
     agent = vcuda.wait_ready(timeout=60)["device-plugin"]["metadata"]["name"]
+    # All at once: five pods of one size, created within a second or two, that kubelet admits in the
+    # order they were bound; each must get the GPU the extender gave it (e2e/README: "What the real
+    # cluster showed").
+    for name, env in ROWS.items():
+        vcuda_tool.create(c, _pod(name, namespace, env))
 
     def explain() -> str:
         return "\n".join(c.kubectl("describe", "pod", "-n", namespace, n, check=False).stdout[-2500:] for n in ROWS)
 
-    # One at a time: pods of one size created within the same second may be admitted by kubelet in
-    # another order than the agent's GetPreferredAllocation guesses (oldest first, ties by name), and
-    # then run on each other's GPU (e2e/README: "What the real cluster showed"). Not what this checks.
-    pods = {}
-    for name, env in ROWS.items():
-        vcuda_tool.create(c, _pod(name, namespace, env))
-        pods[name] = vcuda_tool.wait_for(f"pod {name} Running", lambda n=name: (
-            p := vcuda_tool.get(c, "pod", n, namespace))["status"].get("phase") == "Running" and p,
-            timeout=120, explain=explain)
+    pods = {name: vcuda_tool.wait_for(f"pod {name} Running", lambda n=name: (
+        p := vcuda_tool.get(c, "pod", n, namespace))["status"].get("phase") == "Running" and p,
+        timeout=120, explain=explain) for name in ROWS}
     assigned = {}
     for name, p in pods.items():
         gpus = {g["uuid"] for ct in json.loads(p["metadata"]["annotations"]["vcuda.io/gpu-assignment"])["containers"]

@@ -70,7 +70,11 @@ class Arrivals:
         self._lock = threading.Lock()
 
     def listed(self, pods: Sequence[Pod]) -> None:
-        """A (re)list: pods not numbered yet are numbered oldest first (their bind order is unknown)."""
+        """A (re)list: pods not numbered yet are numbered oldest first (their bind order is unknown);
+        pods no longer listed are forgotten (a deletion the watch missed)."""
+        present = {meta(p).get("uid", "") for p in pods}
+        with self._lock:
+            self._seq = {uid: n for uid, n in self._seq.items() if uid in present}
         for pod in sorted(pods, key=_age):
             self.note("ADDED", pod)
 

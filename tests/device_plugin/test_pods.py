@@ -175,13 +175,15 @@ def test_waiting_follows_the_bind_order_the_watch_saw(dp):
     assert arrivals.of(first) is None
 
 
-def test_a_relist_numbers_the_pods_already_bound_oldest_first(dp):
+def test_a_relist_numbers_the_pods_already_bound_oldest_first_and_forgets_the_gone(dp):
     from device_plugin.pods import Arrivals
 
     arrivals = Arrivals()
     old, young = dp.pod("z-old", created="2026-01-01T00:00:00Z"), dp.pod("a-young", created="2026-01-02T00:00:00Z")
     arrivals.listed([young, old])
     assert (arrivals.of(old), arrivals.of(young)) == (0, 1)
+    arrivals.listed([young])                 # old was deleted while the watch was down
+    assert (arrivals.of(old), arrivals.of(young)) == (None, 1)
     unbound = dp.pod("pending", node="")
     arrivals.note("ADDED", unbound)
     assert arrivals.of(unbound) is None

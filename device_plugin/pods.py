@@ -44,7 +44,7 @@ from typing import Any, Protocol
 from device_plugin.kubelet import AllocationError
 from kube_contract import assignment
 from kube_contract.apiclient import ListWatch
-from kube_contract.names import Names
+from kube_contract.names import CORES_PER_GPU, Names
 
 log = logging.getLogger(__name__)
 
@@ -167,11 +167,15 @@ def _match(pod: Pod, container: dict[str, Any], shares: tuple[assignment.GPUShar
                     sidecar=init and container.get("restartPolicy") == "Always")
 
 
-def _quota_inputs(m: PodMatch, names: Names, resource: str) -> tuple[object, ...]:
+def _quota_inputs(m: PodMatch, names: Names, resource: str, count: int,
+                  opt_out_namespaces: Collection[str]) -> tuple[object, ...]:
     prefix = names.annotation_prefix + "/"
     quota_annotations = tuple(sorted((k, v) for k, v in m.annotations.items()
                                      if k.startswith(prefix) and k != names.assignment))
-    return (m.shares, quota_annotations, requested(m.spec, names.memory_resource), m.env.get("VCUDA_DISABLE"))
+    # VCUDA_DISABLE=1 counts only where it takes effect (device_plugin.vgpu `_opted_out`): whole GPUs,
+    # or a share in a namespace the operator lets opt out. Elsewhere it is ignored, so it tells nothing apart.
+    opts_out = m.env.get("VCUDA_DISABLE") == "1" and (count >= CORES_PER_GPU or m.namespace in opt_out_namespaces)
+    return (m.shares, quota_annotations, requested(m.spec, names.memory_resource), opts_out)
 
 
 def finished(pod: Pod) -> bool:
@@ -261,7 +265,8 @@ def assigned_gpus(pods: Sequence[Pod], *, names: Names, resource: str, count: in
 
 
 def identify(pods: Sequence[Pod], *, node: str, names: Names, resource: str, cores: dict[str, int],
-             count: int, allocated: Collection[tuple[str, str]], single_gpu: bool) -> PodMatch | None:
+             count: int, allocated: Collection[tuple[str, str]], single_gpu: bool,
+             opt_out_namespaces: Collection[str] = ()) -> PodMatch | None:
     """The container these device IDs belong to, or None to serve it anonymously.
 
     `cores` is the share per GPU UUID the IDs stand for, `count` the number of
@@ -317,8 +322,8 @@ def identify(pods: Sequence[Pod], *, node: str, names: Names, resource: str, cor
 
     if len(found) == 1:
         return chosen(found[0])
-    if len(found) > 1 and len({_quota_inputs(f, names, resource) for f in found}) == 1:
-        # Interchangeable containers (same GPU, cores, quota annotations, memory, env switch): any
+    if len(found) > 1 and len({_quota_inputs(f, names, resource, count, opt_out_namespaces) for f in found}) == 1:
+        # Interchangeable containers (same GPU, cores, quota annotations, memory, effective opt-out): any
         # choice enforces the same quota, so take the oldest now and let the reconciler confirm or
         # correct the identity from kubelet's pod-resources List, which knows the devices' owner.
         return dataclasses.replace(found[0], provisional=not found[0].init)

@@ -204,3 +204,29 @@ def test_pod_watch_numbers_the_pods_it_sees_bound(dp):
         api.block.set()
         watch.stop()
     assert (arrivals.of(second), arrivals.of(first)) == (0, 1)
+
+
+
+@pytest.mark.parametrize(("cores", "opt_out", "ambiguous"), [
+    (30, (), False),            # a share: VCUDA_DISABLE is ignored, the two are interchangeable
+    (30, ("default",), True),   # a share where the namespace may opt out: it takes effect
+    (100, (), True),            # whole GPUs: it takes effect
+])
+def test_vcuda_disable_tells_containers_apart_only_where_it_takes_effect(dp, cores, opt_out, ambiguous):
+    """Two same-size pods on one GPU waiting together, one with VCUDA_DISABLE=1 (the e2e tier's scenario 2
+    saw the second refused as "ambiguous", its pod Failed, though the switch is ignored on a share)."""
+    uuid = dp.gpu(0).uuid
+    ann = {"vcuda.io/gpu-assignment": dp.assignment_annotation("main", uuid, cores)}
+    pods = [dp.pod("plain", cores=cores, annotations=ann),
+            dp.pod("disable", cores=cores, annotations=ann, env={"VCUDA_DISABLE": "1"})]
+
+    def run():  # type: ignore[no-untyped-def]
+        return identify(pods, node="node-1", names=Names(), resource="tencent.com/vcuda-core", cores={uuid: cores},
+                        count=cores, allocated=set(), single_gpu=False, opt_out_namespaces=opt_out)
+
+    if ambiguous:
+        with pytest.raises(Exception, match="ambiguous"):
+            run()
+    else:
+        match = run()
+        assert match is not None and match.provisional and match.pod == "disable"   # oldest, then by name

@@ -92,6 +92,8 @@ class Agent:
         self.node_publisher = NodePublisher(patch_node, metadata) \
             if patch_node is not None and metadata else None
         self.mig_manager = self._mig_manager(mig_node)
+        if self.mig_manager is not None:
+            self.reconciler.on_removed = self.mig_manager.retry_now   # a layout waiting for an idle GPU
         self._stop_exporter: Callable[[], None] | None = None
 
     def _plugins(self, children: list[Child]) -> list[ResourcePlugin]:

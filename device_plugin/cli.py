@@ -53,7 +53,7 @@ def cluster(kubeconfig: str | None, node: str, *, require: bool = False) -> Clus
     """
     from device_plugin.mig_config import MigNode
     from device_plugin.node_topology import KubeNode
-    from device_plugin.pods import KubePods, NoPods, PodWatch
+    from device_plugin.pods import Arrivals, KubePods, NoPods, PodWatch
     from kube_contract.events import EventRecorder
 
     try:
@@ -70,7 +70,9 @@ def cluster(kubeconfig: str | None, node: str, *, require: bool = False) -> Clus
                 "requests NOT enforced") from None
         log.warning("no API server (%s): pods are not identified; fine on single-GPU nodes only", exc)
         return Cluster(NoPods(str(exc)))
-    return Cluster(KubePods(api), lambda on_event: PodWatch(api, node, on_event), KubeNode(api, node).patch,
+    arrivals = Arrivals()   # the watch's bind order, which GetPreferredAllocation and Allocate follow
+    return Cluster(KubePods(api, arrivals=arrivals), lambda on_event: PodWatch(api, node, on_event, arrivals=arrivals),
+                   KubeNode(api, node).patch,
                    EventRecorder(api, component="vcuda-device-plugin", host=node), MigNode(api, node))
 
 

@@ -8,8 +8,9 @@ nothing), re-registers its resources, and reports in the label
 
 The file is read again for every layout, so an edited ConfigMap counts from the
 next label change. A layout refused because a GPU it changes is busy is tried
-again every ``retry_s`` while the label still names it; any other failure waits
-for the label to change (or the agent to restart).
+again every ``retry_s`` while the label still names it, and at once when a
+container goes (``retry_now``: the reconciler removed one); any other failure
+waits for the label to change (or the agent to restart).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class MigConfigManager:
         self._wanted: str | None = None
         self._done: str | None = None      # the name last tried, whatever came of it
         self._busy = False
+        self._poked = False                # a container went: a busy layout is tried again now
         self._cond = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -115,11 +117,21 @@ class MigConfigManager:
             self._wanted = labels.get(CONFIG_LABEL) or None
             self._cond.notify_all()
 
+    def retry_now(self) -> None:
+        """A container went (its GPU may be idle now): a layout waiting for a busy GPU is tried again at
+        once rather than at the next `retry_s`."""
+        with self._cond:
+            if self._busy:
+                self._poked = True
+                self._cond.notify_all()
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stop or (self._wanted is not None and self._wanted != self._done),
-                                    timeout=self.retry_s if self._busy else None)
+                self._cond.wait_for(lambda: self._stop or self._poked or (
+                    self._wanted is not None and self._wanted != self._done),
+                    timeout=self.retry_s if self._busy else None)
+                self._poked = False
                 if self._stop:
                     return
                 name = self._wanted

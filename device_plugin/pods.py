@@ -21,6 +21,11 @@ where kubelet's reuse of their devices puts them (scheduler_extender.placement,
 PodUse), so they are matched like app containers; an init container that an
 older assignment does not name is accepted on any of its pod's GPUs.
 
+"Oldest" is kubelet's order: the order pods were bound to the node, which is the order they reach
+kubelet's watch and so its admission. The agent's own watch of the node's pods sees them in the same
+order (`Arrivals`); creationTimestamp (one-second resolution: pods created together tie, and names
+would then decide) orders only the pods the watch has not numbered.
+
 Pods come from a `PodSource`; the real one asks the API server through the
 ``kubernetes`` client, tests pass a list.
 """
@@ -31,6 +36,7 @@ import dataclasses
 import functools
 import json
 import logging
+import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -38,7 +44,7 @@ from typing import Any, Protocol
 from device_plugin.kubelet import AllocationError
 from kube_contract import assignment
 from kube_contract.apiclient import ListWatch
-from kube_contract.names import Names
+from kube_contract.names import CORES_PER_GPU, Names
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,43 @@ class PodSource(Protocol):
     def list_pods(self, node: str) -> list[Pod]:
         """Pods bound to `node`; raises OSError (or ApiException) when the API server cannot answer."""
         ...
+
+
+ARRIVAL = "_vcudaArrival"   # set by KubePods on each pod it returns: its place in the order pods were bound
+
+
+class Arrivals:
+    """The order in which the node's pods were bound to it, as this agent's pod watch saw them (the
+    order kubelet, watching the same pods, receives and admits them). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._seq: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def listed(self, pods: Sequence[Pod]) -> None:
+        """A (re)list: pods not numbered yet are numbered oldest first (their bind order is unknown);
+        pods no longer listed are forgotten (a deletion the watch missed)."""
+        present = {meta(p).get("uid", "") for p in pods}
+        with self._lock:
+            self._seq = {uid: n for uid, n in self._seq.items() if uid in present}
+        for pod in sorted(pods, key=_age):
+            self.note("ADDED", pod)
+
+    def note(self, kind: str, pod: Pod) -> None:
+        uid = meta(pod).get("uid", "")
+        if not uid:
+            return
+        with self._lock:
+            if kind == "DELETED":
+                self._seq.pop(uid, None)
+            elif uid not in self._seq and (pod.get("spec") or {}).get("nodeName"):
+                self._seq[uid] = self._next
+                self._next += 1
+
+    def of(self, pod: Pod) -> int | None:
+        with self._lock:
+            return self._seq.get(meta(pod).get("uid", ""))
 
 
 class StaticPods:
@@ -64,15 +107,22 @@ class StaticPods:
 class KubePods:
     """Pods on a node from the API server (field selector spec.nodeName)."""
 
-    def __init__(self, api: Any, timeout: float = 5.0) -> None:
+    def __init__(self, api: Any, timeout: float = 5.0, arrivals: Arrivals | None = None) -> None:
         self.api = api            # kubernetes.client.CoreV1Api
         self.timeout = timeout
+        self.arrivals = arrivals  # the pod watch's bind order: each pod returned carries its number (ARRIVAL)
 
     def list_pods(self, node: str) -> list[Pod]:
         resp = self.api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}",
                                                     _preload_content=False, _request_timeout=self.timeout)
         raw = getattr(resp, "response", resp)
-        return list(json.loads(raw.data).get("items", []))
+        pods = list(json.loads(raw.data).get("items", []))
+        if self.arrivals is not None:
+            for pod in pods:
+                n = self.arrivals.of(pod)
+                if n is not None:
+                    pod[ARRIVAL] = n
+        return pods
 
 
 @dataclass(frozen=True)
@@ -117,11 +167,15 @@ def _match(pod: Pod, container: dict[str, Any], shares: tuple[assignment.GPUShar
                     sidecar=init and container.get("restartPolicy") == "Always")
 
 
-def _quota_inputs(m: PodMatch, names: Names, resource: str) -> tuple[object, ...]:
+def _quota_inputs(m: PodMatch, names: Names, resource: str, count: int,
+                  opt_out_namespaces: Collection[str]) -> tuple[object, ...]:
     prefix = names.annotation_prefix + "/"
     quota_annotations = tuple(sorted((k, v) for k, v in m.annotations.items()
                                      if k.startswith(prefix) and k != names.assignment))
-    return (m.shares, quota_annotations, requested(m.spec, names.memory_resource), m.env.get("VCUDA_DISABLE"))
+    # VCUDA_DISABLE=1 counts only where it takes effect (device_plugin.vgpu `_opted_out`): whole GPUs,
+    # or a share in a namespace the operator lets opt out. Elsewhere it is ignored, so it tells nothing apart.
+    opts_out = m.env.get("VCUDA_DISABLE") == "1" and (count >= CORES_PER_GPU or m.namespace in opt_out_namespaces)
+    return (m.shares, quota_annotations, requested(m.spec, names.memory_resource), opts_out)
 
 
 def finished(pod: Pod) -> bool:
@@ -136,6 +190,13 @@ def _live(pod: Pod) -> bool:
 def _age(pod: Pod) -> tuple[str, str, str]:
     m = meta(pod)
     return m.get("creationTimestamp", ""), m.get("namespace", ""), m.get("name", "")
+
+
+def _admission(pod: Pod) -> tuple[int, int, tuple[str, str, str]]:
+    """kubelet's order: bound first (ARRIVAL, where the watch numbered it), then the oldest; a pod the
+    watch has not seen yet was bound after every one it has."""
+    n = pod.get(ARRIVAL)
+    return (0, n, _age(pod)) if isinstance(n, int) else (1, 0, _age(pod))
 
 
 def containers_of(pod: Pod) -> list[tuple[dict[str, Any], bool]]:
@@ -164,7 +225,7 @@ def waiting(pods: Sequence[Pod], resource: str, allocated: Collection[tuple[str,
     Allocate is for.
     """
     out = []
-    for pod in sorted((p for p in pods if _live(p)), key=_age):
+    for pod in sorted((p for p in pods if _live(p)), key=_admission):
         uid = meta(pod).get("uid", "")
         for c, init in containers_of(pod):
             if requested(c, resource) > 0 and (uid, c.get("name")) not in allocated:
@@ -204,7 +265,8 @@ def assigned_gpus(pods: Sequence[Pod], *, names: Names, resource: str, count: in
 
 
 def identify(pods: Sequence[Pod], *, node: str, names: Names, resource: str, cores: dict[str, int],
-             count: int, allocated: Collection[tuple[str, str]], single_gpu: bool) -> PodMatch | None:
+             count: int, allocated: Collection[tuple[str, str]], single_gpu: bool,
+             opt_out_namespaces: Collection[str] = ()) -> PodMatch | None:
     """The container these device IDs belong to, or None to serve it anonymously.
 
     `cores` is the share per GPU UUID the IDs stand for, `count` the number of
@@ -260,8 +322,8 @@ def identify(pods: Sequence[Pod], *, node: str, names: Names, resource: str, cor
 
     if len(found) == 1:
         return chosen(found[0])
-    if len(found) > 1 and len({_quota_inputs(f, names, resource) for f in found}) == 1:
-        # Interchangeable containers (same GPU, cores, quota annotations, memory, env switch): any
+    if len(found) > 1 and len({_quota_inputs(f, names, resource, count, opt_out_namespaces) for f in found}) == 1:
+        # Interchangeable containers (same GPU, cores, quota annotations, memory, effective opt-out): any
         # choice enforces the same quota, so take the oldest now and let the reconciler confirm or
         # correct the identity from kubelet's pod-resources List, which knows the devices' owner.
         return dataclasses.replace(found[0], provisional=not found[0].init)
@@ -304,9 +366,15 @@ class PodWatch(ListWatch):
     """
 
     def __init__(self, api: Any, node: str, on_event: Callable[[], None], *, watch_timeout: int = 240,
-                 retry_s: float = 2.0) -> None:
+                 retry_s: float = 2.0, arrivals: Arrivals | None = None) -> None:
         self.api = api            # kubernetes.client.CoreV1Api
         self.node = node
+
+        def event(kind: str, obj: Pod) -> None:
+            if arrivals is not None:
+                arrivals.note(kind, obj)
+            on_event()
+
         super().__init__(functools.partial(api.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}"),
-                         "pod-watch", on_event=lambda _type, _obj: on_event(), watch_timeout=watch_timeout,
-                         retry_s=retry_s)
+                         "pod-watch", on_event=event, on_list=arrivals.listed if arrivals is not None else None,
+                         watch_timeout=watch_timeout, retry_s=retry_s)

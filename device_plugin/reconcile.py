@@ -59,10 +59,17 @@ class Reconciler:
         self.interval_s = interval_s
         self.resources = {names.core_resource, pgpu.RESOURCE, mps.RESOURCE}   # what its Allocate records
         self._missing_since: dict[str, float] = {}
+        self.on_removed: Callable[[], None] | None = None   # after a container went (the MIG layouts wait on it)
         self._warned: dict[str, str] = {}
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def ours(self, record: ContainerRecord) -> bool:
+        """Whether the device plugin's Allocate made this container: its modes' resources, and pgpu's
+        MIG resources (mixed strategy: nvidia.com/mig-<profile>), whose containers keep a GPU busy
+        for a MIG layout until they go."""
+        return record.resource in self.resources or record.resource.startswith(pgpu.MIG_RESOURCE_PREFIX)
 
     def wake(self) -> None:
         """Run a pass now (a pod on the node changed), not at the next interval."""
@@ -104,7 +111,7 @@ class Reconciler:
         now = time.time()
         with self.store.lock:
             for record in list(self.store.records()):
-                if record.resource not in self.resources:
+                if not self.ours(record):
                     continue   # another part's container (a DRA claim's): not ours to requota or remove
                 if ids is not None and (record.extra.get("identity") == "provisional" or not record.pod):
                     record = self.confirm_identity(record, ids, by_uid or {})
@@ -150,6 +157,8 @@ class Reconciler:
         remove_tenant(self.schedulers, record)
         self.store.remove(record.key)
         self._missing_since.pop(record.key, None)
+        if self.on_removed is not None:
+            self.on_removed()
 
     def apply_quota(self, record: ContainerRecord, pod: podlib.Pod) -> None:
         annotations = dict(podlib.meta(pod).get("annotations") or {})

@@ -276,7 +276,8 @@ class CorePlugin:
                                   "the API server to tell containers apart on a node with several GPUs",
                                   grpc.StatusCode.UNAVAILABLE) from None
         return podlib.identify(pods, node=ctx.node, names=ctx.names, resource=self.resource, cores=cores,
-                               count=count, allocated=ctx.store.allocated(existing), single_gpu=single), pods
+                               count=count, allocated=ctx.store.allocated(existing), single_gpu=single,
+                               opt_out_namespaces=ctx.opt_out_namespaces), pods
 
     def _release_finished(self, pods: list[podlib.Pod] | None,
                           existing: list[ContainerRecord]) -> list[ContainerRecord]:

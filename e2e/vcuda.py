@@ -283,6 +283,18 @@ def events(c: cluster_tool.Cluster, namespace: str, name: str) -> list[dict]:
     return json.loads(out.stdout)["items"]
 
 
+def exporter_metrics(c: cluster_tool.Cluster, agent: str) -> dict[tuple[str, str], dict[str, float]]:
+    """The node agent `agent`'s exporter through the API server's pod proxy: {(pod, metric): {gpu uuid: value}}."""
+    from prometheus_client.parser import text_string_to_metric_families
+    text = c.kubectl("get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/{agent}:9394/proxy/metrics").stdout
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if "pod" in s.labels:
+                out.setdefault((s.labels["pod"], s.name), {})[s.labels.get("uuid", "")] = s.value
+    return out
+
+
 def wait_for(what: str, check, timeout: float = 120, every: float = 0.5, explain=None):
     """check()'s first truthy value within `timeout`; RuntimeError naming `what` (and explain()) if none."""
     deadline = time.monotonic() + timeout

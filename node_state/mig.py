@@ -212,7 +212,10 @@ def plan(view: MigView, gpus: Sequence[GPUInfo], entries: Sequence[LayoutEntry],
     anything is changed.
 
     A GPU named by no entry is left as it is; a GPU whose mode and instances already match
-    needs no change (whoever made its instances)."""
+    needs no change (whoever made its instances). An entry for `devices: all` leaves the GPUs that
+    are not MIG-capable alone (mig-parted's "Skipping -- non MIG-capable GPU"), so a node with a
+    MIG GPU beside a plain one takes the stock all-<profile> layouts; an entry naming such a GPU
+    by index and enabling MIG is refused."""
     by_index = {g.index: g for g in gpus}
     chosen: dict[int, LayoutEntry] = {}
     for n, entry in enumerate(entries):
@@ -229,7 +232,8 @@ def plan(view: MigView, gpus: Sequence[GPUInfo], entries: Sequence[LayoutEntry],
             continue
         mig = view.gpus.get(index)
         if mig is None:
-            if entry.mig_enabled:
+            # As mig-parted: `devices: all` passes over a GPU without MIG; naming one is an error.
+            if entry.mig_enabled and entry.devices is not None:
                 raise LayoutError(f"GPU {index} ({by_index[index].name}) is not MIG-capable")
             continue
         change = _gpu_change(mig, entry)

@@ -92,6 +92,10 @@ static struct {
     CUresult (*mem_set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
     CUresult (*ipc_get)(CUipcMemHandle *, CUdeviceptr);
     CUresult (*ipc_open)(CUdeviceptr *, CUipcMemHandle, unsigned);
+    /* devices, for `devs`: looked up through the same door, not printed */
+    CUresult (*device_count)(int *);
+    CUresult (*device_get)(CUdevice *, int);
+    CUresult (*device_uuid)(CUuuid *, CUdevice);
 } cu;
 
 /* name in the driver (dlsym door), base name (getProcAddress door), slot */
@@ -161,6 +165,9 @@ typedef void (*any_fn)(void);
 ENTRIES(DECLARE)
 extern void link_ctx_create_v2(void) __asm__("cuCtxCreate_v2");
 extern void link_ctx_create_v4(void) __asm__("cuCtxCreate_v4");
+extern void link_device_count(void) __asm__("cuDeviceGetCount");
+extern void link_device_get(void) __asm__("cuDeviceGet");
+extern void link_device_uuid(void) __asm__("cuDeviceGetUuid_v2");
 #endif
 
 static int cuda_version = 13000;
@@ -182,6 +189,9 @@ static int resolve(const char *via) {
 #define ASSIGN(name, base, slot) memcpy(&cu.slot, &(any_fn){link_##slot}, sizeof(any_fn));
         ENTRIES(ASSIGN)
         memcpy(&cu.ctx_create_v2, &(any_fn){link_ctx_create_v2}, sizeof(any_fn));
+        memcpy(&cu.device_count, &(any_fn){link_device_count}, sizeof(any_fn));
+        memcpy(&cu.device_get, &(any_fn){link_device_get}, sizeof(any_fn));
+        memcpy(&cu.device_uuid, &(any_fn){link_device_uuid}, sizeof(any_fn));
         return 0;
     }
 #endif
@@ -194,6 +204,10 @@ static int resolve(const char *via) {
         void *p = dlsym(h, "cuCtxCreate_v2");
         memcpy(&cu.ctx_create_v2, &p, sizeof p);
         where("cuCtxCreate_v2", p);
+        void *dc = dlsym(h, "cuDeviceGetCount"), *dg = dlsym(h, "cuDeviceGet"), *du = dlsym(h, "cuDeviceGetUuid_v2");
+        memcpy(&cu.device_count, &dc, sizeof dc);
+        memcpy(&cu.device_get, &dg, sizeof dg);
+        memcpy(&cu.device_uuid, &du, sizeof du);
         return 0;
     }
     /* cudart's way: one dlsym, then getProcAddress for everything, itself included. */
@@ -222,6 +236,15 @@ static int resolve(const char *via) {
     where("cuCtxCreate", p);
     if (cuda_version >= 13000) memcpy(&cu.ctx_create_v4, &p, sizeof p);
     else memcpy(&cu.ctx_create_v2, &p, sizeof p);
+    const struct { const char *base; void *slot; } devices[] = {
+        {"cuDeviceGetCount", &cu.device_count}, {"cuDeviceGet", &cu.device_get}, {"cuDeviceGetUuid", &cu.device_uuid},
+    };
+    for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++) {
+        p = NULL;
+        CUresult r = gp2 ? gp2(devices[i].base, &p, cuda_version, flags, &st) : gp1(devices[i].base, &p, cuda_version, flags);
+        if (r != CUDA_SUCCESS) p = NULL;
+        memcpy(devices[i].slot, &p, sizeof p);
+    }
     return 0;
 }
 
@@ -634,6 +657,26 @@ static void run_command(const char *arg) {
         if (nr == 0) nr = nv_handle((unsigned)a, &dev);
         if (nr == 0) nr = nv_mem(dev, m);
         printf("nvmem rc=%d total=%llu free=%llu used=%llu\n", nr, m[0], m[1], m[2]);
+    } else if (strcmp(c, "devs") == 0) {
+        /* the devices this process sees: "devs rc=0 count=N uuid0=GPU-... uuid1=..." */
+        int n = 0;
+        r = cu.device_count && cu.device_get && cu.device_uuid ? cu.device_count(&n) : CUDA_ERROR_NOT_FOUND;
+        char line[4096];
+        int used = 0;
+        for (int i = 0; r == CUDA_SUCCESS && i < n && used < (int)sizeof line - 64; i++) {
+            CUdevice dev = 0;
+            CUuuid u;
+            memset(&u, 0, sizeof u);
+            r = cu.device_get(&dev, i);
+            if (r == CUDA_SUCCESS) r = cu.device_uuid(&u, dev);
+            if (r != CUDA_SUCCESS) break;
+            const unsigned char *b = (const unsigned char *)u.bytes;
+            used += snprintf(line + used, sizeof line - (size_t)used,
+                             " uuid%d=GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", i, b[0],
+                             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        }
+        line[used < (int)sizeof line ? used : (int)sizeof line - 1] = '\0';
+        printf("devs rc=%d count=%d%s\n", r, n, line);
     } else if (strcmp(c, "total") == 0) {
         size_t t = 0;
         r = cu.total_mem(&t, (CUdevice)a);

@@ -86,6 +86,17 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
+def test_devices_all_passes_over_a_gpu_without_mig():
+    """mig-parted's `devices: all` skips a GPU that is not MIG-capable (GPU 2 here): the stock
+    all-<profile> layouts apply on a node with a plain GPU beside its MIG ones (the e2e node's)."""
+    fake = FakeMig(NODE_MIG)
+    view = fake.view()
+    view = MigView({**view.gpus, 1: replace(view.gpus[1], profiles=H100_PROFILES)})
+    changes = plan(view, fake.gpus_, layouts()["all-1g.10gb"])
+    assert [c.index for c in changes] == [0, 1]
+    assert all(Counter(p.name for p, _ in c.create) == Counter({"1g.10gb": 7}) for c in changes)
+
+
 def test_plan_changes_only_what_differs():
     fake = FakeMig(NODE_MIG)
     same = parse_layouts("version: v1\nmig-configs: {s: [{devices: [0], mig-enabled: true, "

@@ -19,12 +19,14 @@ NODE_MIG = list(ISSUE_NODE_MIG)
 LAYOUTS = EXAMPLE_LAYOUTS
 
 
-def start(agent_factory, api, dp, tmp_path: Path, fake: FakeMig, strategy: str = "mixed"):  # type: ignore[no-untyped-def]
+def start(agent_factory, api, dp, tmp_path: Path, fake: FakeMig, strategy: str = "mixed",  # type: ignore[no-untyped-def]
+          **overrides):
     config = tmp_path / "config.yaml"
     config.write_text(LAYOUTS)
     core = api.core_v1()
     return agent_factory("pgpu", inv=fake.inventory(), nvml=fake, mig_strategy=strategy, mig_config=config,
-                         patch_node=KubeNode(core, dp.NODE).patch, mig_node=MigNode(core, dp.NODE)), config
+                         patch_node=KubeNode(core, dp.NODE).patch, mig_node=MigNode(core, dp.NODE),
+                         **overrides), config
 
 
 def label(api: FakeApiServer, dp, name: str | None) -> None:  # type: ignore[no-untyped-def]
@@ -133,6 +135,21 @@ def test_a_busy_gpu_fails_the_layout_until_it_is_idle(agent_factory, kubelet, ap
     wait_state(api, dp, "success")                             # retried while the label names it
     assert layout(fake)[0] == (True, ["2g.20gb", "2g.20gb", "3g.40gb"])
     assert len(events(api)) == 2                               # one per reason, not one per retry
+
+
+def test_a_container_gone_retries_a_busy_layout_at_once(agent_factory, kubelet, api, dp, tmp_path):
+    """The reconciler removing the container that kept the GPU busy tries the layout again then, not at
+    the next retry (every resync_s, 60 s here): on the e2e cluster the pod's deletion is what frees it."""
+    fake = FakeMig(NODE_MIG)
+    agent, _ = start(agent_factory, api, dp, tmp_path, fake, resync_s=60)
+    kubelet.allocate("nvidia.com/mig-3g.40gb", [fake.instances[0][2].uuid])
+    label(api, dp, "mixed-1")
+    wait_state(api, dp, "failed")
+    (rec,) = agent.store.records()
+    with agent.store.lock:
+        agent.reconciler.remove(rec, "its pod is gone")
+    wait_state(api, dp, "success")
+    assert layout(fake)[0] == (True, ["2g.20gb", "2g.20gb", "3g.40gb"])
 
 
 def test_single_strategy_refuses_a_layout_of_several_profiles(agent_factory, kubelet, api, dp, tmp_path):

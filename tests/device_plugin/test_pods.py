@@ -146,3 +146,87 @@ def test_waiting_is_kubelets_order_init_containers_first(dp):
     assert names(set()) == [("old", "setup", True), ("young", "main", False)]
     assert names({("uid-old", "setup")}) == [("old", "main", False), ("young", "main", False)]
     assert names({("uid-old", "setup"), ("uid-old", "main")}) == [("old", "side", False), ("young", "main", False)]
+
+
+def test_waiting_follows_the_bind_order_the_watch_saw(dp):
+    """Pods created in the same second (creationTimestamp has one-second resolution) reach kubelet in the
+    order they were bound, which the agent's pod watch sees too; names do not decide (the e2e tier's
+    scenario 2 saw two pods swap GPUs when they did). A pod the watch has not numbered comes last."""
+    from device_plugin.pods import ARRIVAL, Arrivals, waiting
+
+    core = "tencent.com/vcuda-core"
+    late_named_first = dp.pod("a-bound-second", cores=30)
+    first = dp.pod("b-bound-first", cores=30)
+    unseen = dp.pod("c-unseen", cores=30)
+    arrivals = Arrivals()
+    arrivals.listed([])
+    arrivals.note("ADDED", first)
+    arrivals.note("MODIFIED", late_named_first)     # bound: it entered the node's field-selected watch
+    arrivals.note("MODIFIED", first)                # a later update keeps its place
+    api = FakeCoreV1([late_named_first, unseen, first])
+    pods = KubePods(api, arrivals=arrivals).list_pods("node-1")
+    assert [p.get(ARRIVAL) for p in pods] == [1, None, 0]
+    assert [w.pod["metadata"]["name"] for w in waiting(pods, core, set())] == [
+        "b-bound-first", "a-bound-second", "c-unseen"]
+    # Without the watch's numbers: oldest, then by name, as before.
+    assert [w.pod["metadata"]["name"] for w in waiting(api.items, core, set())] == [
+        "a-bound-second", "b-bound-first", "c-unseen"]
+    arrivals.note("DELETED", first)
+    assert arrivals.of(first) is None
+
+
+def test_a_relist_numbers_the_pods_already_bound_oldest_first_and_forgets_the_gone(dp):
+    from device_plugin.pods import Arrivals
+
+    arrivals = Arrivals()
+    old, young = dp.pod("z-old", created="2026-01-01T00:00:00Z"), dp.pod("a-young", created="2026-01-02T00:00:00Z")
+    arrivals.listed([young, old])
+    assert (arrivals.of(old), arrivals.of(young)) == (0, 1)
+    arrivals.listed([young])                 # old was deleted while the watch was down
+    assert (arrivals.of(old), arrivals.of(young)) == (None, 1)
+    unbound = dp.pod("pending", node="")
+    arrivals.note("ADDED", unbound)
+    assert arrivals.of(unbound) is None
+
+
+def test_pod_watch_numbers_the_pods_it_sees_bound(dp):
+    from device_plugin.pods import Arrivals
+
+    first, second = dp.pod("x", cores=10), dp.pod("y", cores=10)
+    api = FakeWatchAPI([{"type": "ADDED", "object": second}, {"type": "ADDED", "object": first}])
+    arrivals = Arrivals()
+    seen: list[int] = []
+    watch = PodWatch(api, "node-1", lambda: seen.append(1), arrivals=arrivals)
+    watch.start()
+    try:
+        dp.wait_for(lambda: len(seen) == 2, what="two events")
+    finally:
+        api.block.set()
+        watch.stop()
+    assert (arrivals.of(second), arrivals.of(first)) == (0, 1)
+
+
+
+@pytest.mark.parametrize(("cores", "opt_out", "ambiguous"), [
+    (30, (), False),            # a share: VCUDA_DISABLE is ignored, the two are interchangeable
+    (30, ("default",), True),   # a share where the namespace may opt out: it takes effect
+    (100, (), True),            # whole GPUs: it takes effect
+])
+def test_vcuda_disable_tells_containers_apart_only_where_it_takes_effect(dp, cores, opt_out, ambiguous):
+    """Two same-size pods on one GPU waiting together, one with VCUDA_DISABLE=1 (the e2e tier's scenario 2
+    saw the second refused as "ambiguous", its pod Failed, though the switch is ignored on a share)."""
+    uuid = dp.gpu(0).uuid
+    ann = {"vcuda.io/gpu-assignment": dp.assignment_annotation("main", uuid, cores)}
+    pods = [dp.pod("plain", cores=cores, annotations=ann),
+            dp.pod("disable", cores=cores, annotations=ann, env={"VCUDA_DISABLE": "1"})]
+
+    def run():  # type: ignore[no-untyped-def]
+        return identify(pods, node="node-1", names=Names(), resource="tencent.com/vcuda-core", cores={uuid: cores},
+                        count=cores, allocated=set(), single_gpu=False, opt_out_namespaces=opt_out)
+
+    if ambiguous:
+        with pytest.raises(Exception, match="ambiguous"):
+            run()
+    else:
+        match = run()
+        assert match is not None and match.provisional and match.pod == "disable"   # oldest, then by name

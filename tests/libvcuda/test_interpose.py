@@ -134,3 +134,15 @@ def test_disable_is_pure_pass_through(run_probe: Runner) -> None:
                     env={"VCUDA_MEMORY_LIMIT": str(LIMIT), "VCUDA_DISABLE": "1"})
     assert res.rc("alloc", 1) == 0
     assert res.get("info", "total") > LIMIT
+
+
+@pytest.mark.parametrize("via", ["link", "dlsym", "proc"])
+def test_devs_lists_the_visible_devices_by_uuid(run_probe: Runner, cuprobe_linked: Path, sim_env: dict[str, str],
+                                                via: str) -> None:
+    """cuprobe's `devs` (the e2e tier compares its UUIDs with a pod's assignment), through each door."""
+    sim_env["VCUDA_SIM_DEVICES"] = "2"
+    res = run_probe([f"--via={via}", "init", "devs"], env={"CUDA_VISIBLE_DEVICES": "1,0"},
+                    **({"exe": cuprobe_linked} if via == "link" else {}))
+    devs = next(d for d in res.lines if d["cmd"] == "devs")
+    assert devs == {"cmd": "devs", "rc": "0", "count": "2", "uuid0": "GPU-5157a0c0-0001-4000-8000-000000000001",
+                    "uuid1": "GPU-5157a0c0-0000-4000-8000-000000000000"}, res.stdout

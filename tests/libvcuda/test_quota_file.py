@@ -319,10 +319,13 @@ def test_config_text_without_the_file_names_the_environment(lib_dir: Path) -> No
 
 def test_a_gpu_the_file_does_not_name_is_refused(container: Container, cuprobe: Path) -> None:
     container.write([Gpu(GPU0, LIMIT)])
-    res = container.run([probe_path(container, cuprobe), "init", "ctx:1", "newctx:1", "devmem:1", "ctx:0",
+    res = container.run([probe_path(container, cuprobe), "init", "devs", "ctx:1", "newctx:1", "devmem:1", "ctx:0",
                          "graphnew", "graphalloc:2097152:1", "devmem:0", f"alloc:{64 * MiB}"],
                         {"VCUDA_SIM_DEVICES": "2", "CUDA_VISIBLE_DEVICES": "0,1"})
     assert res.returncode == 0, res.stderr
+    # refused, not hidden: the driver's numbering stays (libvcuda/src/process.c)
+    devs = res.lines[[d["cmd"] for d in res.lines].index("devs")]
+    assert (devs["rc"], devs["count"], devs["uuid0"], devs["uuid1"]) == ("0", "2", GPU0, GPU1)
     assert res.rc("ctx", 0) == INVALID_DEVICE      # cuDevicePrimaryCtxRetain
     assert res.rc("newctx") == INVALID_DEVICE      # cuCtxCreate
     refused = res.lines[[d["cmd"] for d in res.lines].index("devmem")]

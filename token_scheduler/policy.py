@@ -884,6 +884,7 @@ class Policy:
         window = self.config.window_ns
         tenants: dict[str, object] = {}
         held_back_now = now - self._held_back_since if self._held_back_since is not None else 0
+        held_back = {id(t) for t in self._held_back}
         for tenant in self.tenants.values():
             used = self._usage(tenant, now)
             span = self._span(tenant, now)
@@ -917,7 +918,7 @@ class Policy:
                 },
                 "overruns": s.overruns,
                 "overrun_ms": s.overrun_ns / MS,
-                "held_back_ms": (s.held_back_ns + (held_back_now if tenant in self._held_back else 0)) / MS,
+                "held_back_ms": (s.held_back_ns + (held_back_now if id(tenant) in held_back else 0)) / MS,
                 "expiries": s.expiries,
                 "revocations": s.revocations,
                 "revoke_reclaims": s.revoke_reclaims,

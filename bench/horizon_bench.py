@@ -16,7 +16,9 @@ Per tenant, from 1 s after it starts to 1 s before the end (GPU time the
 simulator served it, sampled every 10 ms): the lowest and highest share over
 any 1 s and any 100 ms interval, its share over the last 10 s, and its shares
 of each of its first 6 seconds; per run the scheduler's grants (renewals
-included) per second and its CPU time per second.
+included) per second, its CPU time per second, and the share of the run the token
+sat free while tenants waited, every one held back by its limit or horizons (the
+scheduler's `held_back_ms`).
 
 Goals: highest share over 1 s <= limit + 1 pp, over 100 ms <= limit + 10 pp;
 a tenant whose share is its request keeps >= request - 2 pp over any 1 s and
@@ -92,6 +94,7 @@ class Run:
     tenants: dict[str, Figures]
     grants_per_s: float
     cpu_percent: float | None  # the scheduler daemon's; None on the fake clock
+    held_back_percent: float = 0.0  # the token free while every waiting tenant was held back
 
 
 def cpu_seconds(pid: int) -> float:
@@ -122,7 +125,7 @@ def run_fake_clock(loads: list[Load], seconds: float, policy: str) -> Run:
     result = sim.run(end)
     tenants = {load.name: figures(cumulative(result.hold[load.name]), int(load.start_s * SECOND), end - SECOND)
                for load in loads}
-    return Run(tenants, len(result.grants) / seconds, None)
+    return Run(tenants, len(result.grants) / seconds, None, 100 * sim.policy.held_back_ns / (seconds * SECOND))
 
 
 def run_scenario(exe: Path, tmp: Path, tag: str, loads: list[Load], seconds: float, policy: str) -> Run:
@@ -146,7 +149,8 @@ def run_scenario(exe: Path, tmp: Path, tag: str, loads: list[Load], seconds: flo
                 end = t0 + int(seconds * SECOND)
                 time.sleep(max(0.0, end / 1e9 - time.monotonic()) + 0.1)
                 cpu = cpu_seconds(daemon.pid) - cpu0
-                stats = admin.call("stats")["tenants"]
+                reply = admin.call("stats")
+                stats = reply["tenants"]
         finally:
             kill_all(procs.values())
     tenants = {}
@@ -155,7 +159,7 @@ def run_scenario(exe: Path, tmp: Path, tag: str, loads: list[Load], seconds: flo
         points = [(t, busy.get(pid, 0)) for t, busy in sampler.samples]
         tenants[load.name] = figures(points, t0 + int(load.start_s * SECOND), end - SECOND)
     grants = sum(s["grants"] + s["renewals"] for s in stats.values())
-    return Run(tenants, grants / seconds, 100 * cpu / seconds)
+    return Run(tenants, grants / seconds, 100 * cpu / seconds, float(reply["held_back_ms"]) / seconds / 10)
 
 
 def span(pair: tuple[float, float]) -> str:
@@ -187,8 +191,10 @@ def report(name: str, loads: list[Load], runs: dict[str, list[Run]]) -> list[str
                 missed.append(f"{name} {load.name}: per-second share off its limit")
     for policy in POLICIES:
         cpu = [f"{r.cpu_percent:.2f}" for r in runs[policy] if r.cpu_percent is not None]
+        held_back = " / ".join(f"{r.held_back_percent:.1f}" for r in runs[policy])
         print(f"  scheduler {policy:<4} grants/s {' / '.join(f'{r.grants_per_s:.1f}' for r in runs[policy])}"
-              + (f", CPU {' / '.join(cpu)} %" if cpu else ""))
+              + (f", CPU {' / '.join(cpu)} %" if cpu else "")
+              + f", token free, all waiting held back {held_back} %")
     for old, new in zip(runs["off"], runs["on"], strict=True):
         if new.grants_per_s > 2 * old.grants_per_s:
             missed.append(f"{name}: grants/s {new.grants_per_s:.1f} > 2x {old.grants_per_s:.1f}")

@@ -258,6 +258,8 @@ class TenantStats:
     errors: int = 0
     revocations: int = 0  # leases of this tenant revoked for a `high` one
     revoke_reclaims: int = 0  # ... and reclaimed because no RELEASE came in time
+    # Time it waited held back by its limit (or short horizons) while the token was free.
+    held_back_ns: int = 0
     budget_hits: int = 0  # launches that waited for in-flight work (client REPORTs)
     budget_wait_ns: int = 0
     waits_ns: deque[int] = field(default_factory=deque)
@@ -308,6 +310,11 @@ class Policy:
         self._recheck_at: int | None = None  # when a tenant blocked at its limit may run
         self._high: dict[str, Tenant] = {}  # the `high` tenants, checked on every dispatch
         self._charged_until = 0  # the last released holder's work ran (was charged) until then
+        # The token free while tenants wait, each held back by its limit (or short horizons):
+        # since when, and who (closed at the next dispatch); the total so far.
+        self._held_back_since: int | None = None
+        self._held_back: tuple[Tenant, ...] = ()
+        self.held_back_ns = 0
 
     # --- tenants ------------------------------------------------------------
 
@@ -551,10 +558,15 @@ class Policy:
             if now < lease.reclaim_at:
                 return None
             self._expire(lease, now)
+        if self._held_back_since is not None:
+            self._note_held_back(now)
         self._recheck_at = None
         tenant, quantum, recheck = self._pick_short(now) if self.config.short_horizon else self._pick(now)
         if tenant is None:
             self._recheck_at = recheck
+            if recheck is not None:  # the token stays free while someone waits
+                self._held_back_since = now
+                self._held_back = tuple(t for t in self.tenants.values() if t.waiting)
             return None
         client, waiter = tenant.waiting.popitem(last=False)
         if tenant.short is not None:
@@ -577,6 +589,16 @@ class Policy:
         stats.wait_buckets[bisect_left(WAIT_BUCKETS_NS, waited)] += 1
         stats.wait_sum_ns += waited
         return Grant(tenant.name, client, lease_id, quantum, now, waiter.seq)
+
+    def _note_held_back(self, now: int) -> None:
+        """Count the time the token stayed free since the last dispatch, every waiting
+        tenant held back (what `stats` reports as `held_back_ms`)."""
+        since = self._held_back_since
+        assert since is not None
+        self.held_back_ns += now - since
+        for tenant in self._held_back:
+            tenant.stats.held_back_ns += now - since
+        self._held_back_since, self._held_back = None, ()
 
     def _pick(self, now: int) -> tuple[Tenant | None, int, int | None]:
         """By the window alone (short_horizon off): the waiting tenant to serve and its
@@ -861,6 +883,8 @@ class Policy:
         now = self.clock()
         window = self.config.window_ns
         tenants: dict[str, object] = {}
+        held_back_now = now - self._held_back_since if self._held_back_since is not None else 0
+        held_back = {id(t) for t in self._held_back}
         for tenant in self.tenants.values():
             used = self._usage(tenant, now)
             span = self._span(tenant, now)
@@ -894,6 +918,7 @@ class Policy:
                 },
                 "overruns": s.overruns,
                 "overrun_ms": s.overrun_ns / MS,
+                "held_back_ms": (s.held_back_ns + (held_back_now if id(tenant) in held_back else 0)) / MS,
                 "expiries": s.expiries,
                 "revocations": s.revocations,
                 "revoke_reclaims": s.revoke_reclaims,
@@ -914,4 +939,4 @@ class Policy:
             holder = {"tenant": lease.tenant, "lease_id": lease.lease_id,
                       "held_ms": (now - lease.granted_at) / MS, "revoked": bool(lease.revoked_at)}
         return {"window_s": window / SECOND, "epoch": self.epoch, "holder": holder,
-                "tenants": tenants}
+                "held_back_ms": (self.held_back_ns + held_back_now) / MS, "tenants": tenants}

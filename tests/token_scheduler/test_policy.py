@@ -104,6 +104,7 @@ def test_limit_blocks_and_rechecks() -> None:
     hold(policy, clock, "a", b"1", 150 * MS)  # 15 % of the window, limit 10 %
     policy.request("a", b"1", 0)
     assert policy.dispatch() is None
+    blocked = clock.now
     deadline = policy.next_deadline()
     assert deadline is not None and deadline > clock.now
     clock.set(deadline)
@@ -111,6 +112,8 @@ def test_limit_blocks_and_rechecks() -> None:
         clock.set(policy.next_deadline())  # type: ignore[arg-type]
     assert clock.now - deadline < 100 * MS
     assert policy.usage_ns("a") <= 100 * MS
+    # The token sat free all that time, `a` held back by its limit.
+    assert policy.stats()["held_back_ms"] == (clock.now - blocked) / MS
 
 
 def test_work_conserving_past_request() -> None:

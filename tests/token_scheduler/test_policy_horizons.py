@@ -210,6 +210,32 @@ def test_the_100ms_horizon_holds_back_a_second_lease() -> None:
     assert policy.next_deadline() == clock.now + 82 * MS
 
 
+def test_stats_count_the_token_free_while_tenants_wait_held_back() -> None:
+    """`held_back_ms`: how long the token sat free while tenants waited, every one held
+    back by its horizons (what the simulator's shortfall was measured with); time the
+    token is lent, or a tenant does not wait, counts nothing."""
+    policy, clock = make(("b", 10, 10), ("c", 10, 10))
+    hold(policy, clock, "b")  # b's next lease may start 82 ms later
+    policy.request("b", b"1", 0)
+    assert policy.dispatch() is None
+    clock.advance(30 * MS)
+    assert policy.stats()["held_back_ms"] == 30  # an interval still open counts up to now
+    policy.request("c", b"2", 0)
+    grant = policy.dispatch()
+    assert grant is not None and grant.tenant == "c" and grant.quantum_ns == 10 * MS
+    clock.advance(10 * MS)
+    policy.release("c", b"2", grant.lease_id, 10 * MS, False)
+    assert policy.dispatch() is None
+    clock.set(policy.next_deadline())  # type: ignore[arg-type]
+    grant = policy.dispatch()
+    assert grant is not None and grant.tenant == "b"
+    stats = policy.stats()
+    assert stats["held_back_ms"] == 30 + 42
+    tenants = stats["tenants"]
+    assert isinstance(tenants, dict)
+    assert tenants["b"]["held_back_ms"] == 72 and tenants["c"]["held_back_ms"] == 0
+
+
 def test_waiting_behind_others_is_owed_but_idling_is_not() -> None:
     policy, clock = make(("a", 50, 50), ("b", 50, 100))
     credit_idle = policy.tenants["a"].short.due.level(clock.now, None)  # type: ignore[union-attr]

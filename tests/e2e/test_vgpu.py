@@ -14,7 +14,6 @@ import time
 
 import pytest
 import vcuda as vcuda_tool
-from prometheus_client.parser import text_string_to_metric_families
 from shimtest import parse
 
 GiB = 1 << 30
@@ -44,18 +43,6 @@ def _pod(name: str, cores: int, memory: int) -> dict:
             "command": ["sh", "-c", script],
             "resources": {"limits": {"tencent.com/vcuda-core": str(cores),
                                      "tencent.com/vcuda-memory": str(memory // UNIT)}}}]}}
-
-
-def _metrics(vcuda, agent: str) -> dict[tuple[str, str], dict[str, float]]:
-    """The agent's exporter through the API server's pod proxy: {(pod, metric): {gpu uuid: value}}."""
-    text = vcuda.cluster.kubectl(
-        "get", "--raw", f"/api/v1/namespaces/{vcuda_tool.NAMESPACE}/pods/{agent}:9394/proxy/metrics").stdout
-    out: dict[tuple[str, str], dict[str, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if "pod" in s.labels:
-                out.setdefault((s.labels["pod"], s.name), {})[s.labels.get("uuid", "")] = s.value
-    return out
 
 
 def test_two_shares_on_one_gpu(vcuda, namespace):
@@ -99,9 +86,9 @@ def test_two_shares_on_one_gpu(vcuda, namespace):
 
     # The shares, from the exporter's GPU-time counters over WINDOW_S while both run kernels.
     time.sleep(5)
-    t0, m0 = time.monotonic(), _metrics(vcuda, agent)
+    t0, m0 = time.monotonic(), vcuda_tool.exporter_metrics(c, agent)
     time.sleep(WINDOW_S)
-    t1, m1 = time.monotonic(), _metrics(vcuda, agent)
+    t1, m1 = time.monotonic(), vcuda_tool.exporter_metrics(c, agent)
     for name, (cores, _) in PODS.items():
         key = (name, "vcuda_container_gpu_time_seconds_total")
         assert key in m0 and key in m1, sorted(k for k in m1 if k[0] == name)

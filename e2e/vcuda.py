@@ -121,6 +121,14 @@ def scenario_missing(inst: Install) -> str | None:
     return None
 
 
+def skip_unless_ready(inst: Install, scenario: str) -> None:
+    """pytest.skip naming what `scenario` lacks in this tree (scenario_missing), if anything."""
+    missing = scenario_missing(inst)
+    if missing:
+        import pytest  # only the tests call this; the command line runs without pytest
+        pytest.skip(f"{scenario} needs {missing}")
+
+
 def chart_has_simulator() -> bool:
     """Whether the chart has the test-only simulator wiring (testing.simulator with its simulatedNode)."""
     values = (CHART / "values.yaml").read_text()

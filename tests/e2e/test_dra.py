@@ -55,9 +55,7 @@ def version(c) -> tuple[int, int]:
 @pytest.fixture(scope="module")
 def dra(release):
     """The release as the DRA driver with MIG partitions made at prepare; the scenario's time at the end."""
-    missing = vcuda_tool.scenario_missing(release)
-    if missing:
-        pytest.skip(f"scenario 4 needs {missing}")
+    vcuda_tool.skip_unless_ready(release, "scenario 4")
     try:
         took = release.ensure("dra", VALUES)
     except RuntimeError as exc:

@@ -11,17 +11,10 @@ from __future__ import annotations
 import time
 
 import cluster as cluster_tool
-import pytest
 import vcuda as vcuda_tool
 from shimtest import parse
 
 UNIT = 256 << 20           # tencent.com/vcuda-memory's unit
-
-
-def _needs(vcuda) -> None:
-    missing = vcuda_tool.scenario_missing(vcuda)
-    if missing:
-        pytest.skip(f"scenario 5 needs {missing}")
 
 
 def _start(vcuda, namespace: str, name: str, cores: int, units: int) -> None:
@@ -69,7 +62,7 @@ def _held_and_placed(vcuda, namespace: str) -> None:
 
 
 def test_kubelet_restart(vcuda, namespace):
-    _needs(vcuda)
+    vcuda_tool.skip_unless_ready(vcuda, "scenario 5")
     started = time.monotonic()
     _start(vcuda, namespace, "holder", 30, 8)
     assert _quota(vcuda, namespace, "holder") == (8 * UNIT, 8 * UNIT)
@@ -83,7 +76,7 @@ def test_kubelet_restart(vcuda, namespace):
 
 def test_containerd_restart(vcuda, namespace):
     """Running containers outlive containerd (their shims stay); the restarted one runs new pods."""
-    _needs(vcuda)
+    vcuda_tool.skip_unless_ready(vcuda, "scenario 5")
     started = time.monotonic()
     _start(vcuda, namespace, "holder", 30, 8)
     vcuda_tool.record("scenario 5: containerd restart to node Ready", vcuda.cluster.restart("containerd"))
@@ -92,7 +85,7 @@ def test_containerd_restart(vcuda, namespace):
 
 
 def test_node_agent_pod_deleted(vcuda, namespace):
-    _needs(vcuda)
+    vcuda_tool.skip_unless_ready(vcuda, "scenario 5")
     started = time.monotonic()
     c = vcuda.cluster
     _start(vcuda, namespace, "holder", 30, 8)
@@ -108,7 +101,7 @@ def test_node_agent_pod_deleted(vcuda, namespace):
 def test_helm_uninstall_then_install_again(vcuda, namespace):
     """Nothing the first release left on the node (its state directory, libvcuda on the host, the
     Lease, the webhook's Secret) keeps the second from working."""
-    _needs(vcuda)
+    vcuda_tool.skip_unless_ready(vcuda, "scenario 5")
     started = time.monotonic()
     vcuda.uninstall()
     assert not [p for p in vcuda.pods() if vcuda.component(p) in vcuda.expected()]

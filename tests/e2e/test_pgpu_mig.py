@@ -71,9 +71,7 @@ def _applied(vcuda, layout: str, want: dict[str, str], explain) -> float:
 
 
 def test_mig_device_to_a_pod_and_a_layout_by_node_label(release, namespace):
-    missing = vcuda_tool.scenario_missing(release)
-    if missing:
-        pytest.skip(f"scenario 3 needs {missing}")
+    vcuda_tool.skip_unless_ready(release, "scenario 3")
     started = time.monotonic()
     c = release.cluster
     # A fresh simulated node: no agent may hold the state while it goes.

@@ -27,7 +27,6 @@ import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 import vcuda as vcuda_tool
 from shimtest import parse
 
@@ -64,9 +63,7 @@ def _pod(name: str, namespace: str, env: dict[str, str]) -> dict:
 
 
 def test_tamper_rows_are_held_to_quota_and_gpu(vcuda, namespace):
-    missing = vcuda_tool.scenario_missing(vcuda)
-    if missing:
-        pytest.skip(f"scenario 2 needs {missing}")
+    vcuda_tool.skip_unless_ready(vcuda, "scenario 2")
     started = time.monotonic()
     c = vcuda.cluster
     agent = vcuda.wait_ready(timeout=60)["device-plugin"]["metadata"]["name"]

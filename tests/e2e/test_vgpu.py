@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
 import vcuda as vcuda_tool
 from shimtest import parse
 
@@ -24,12 +23,6 @@ OUT_OF_MEMORY = 2                # CUDA_ERROR_OUT_OF_MEMORY
 COMPUTE_S = 75                   # each pod's kernels run this long; the share is measured inside it
 WINDOW_S = 20
 PODS = {"share-30": (30, 8 * GiB), "share-50": (50, 4 * GiB)}
-
-
-def _needs(vcuda) -> None:
-    missing = vcuda_tool.scenario_missing(vcuda)
-    if missing:
-        pytest.skip(f"scenario 1 needs {missing}")
 
 
 def _pod(name: str, cores: int, memory: int) -> dict:
@@ -46,7 +39,7 @@ def _pod(name: str, cores: int, memory: int) -> dict:
 
 
 def test_two_shares_on_one_gpu(vcuda, namespace):
-    _needs(vcuda)
+    vcuda_tool.skip_unless_ready(vcuda, "scenario 1")
     started = time.monotonic()
     c = vcuda.cluster
     agent = vcuda.wait_ready(timeout=60)["device-plugin"]["metadata"]["name"]

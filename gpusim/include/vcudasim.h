@@ -45,7 +45,9 @@
  *    pitch = WidthInBytes rounded up to 512); managed and stream-ordered
  *    allocations in full, at once; cuMemCreate its size (multiple of 2 MiB),
  *    returned once released and unmapped; each context the configured
- *    overhead. CUDA arrays: Width * max(Height,1) * max(Depth,1) *
+ *    overhead, taken as its creation starts: creating a context then takes
+ *    VCUDA_SIM_CTX_CREATE_US (read at cuInit; default 0, at most 10 s), during
+ *    which other processes run. CUDA arrays: Width * max(Height,1) * max(Depth,1) *
  *    NumChannels * element size (1: [UN]SIGNED_INT8, UNORM/SNORM_INT8X*,
  *    UNORM_INT_101010_2; 2: [UN]SIGNED_INT16, HALF, UNORM/SNORM_INT16X*;
  *    4: [UN]SIGNED_INT32, FLOAT; other formats are refused with

@@ -52,6 +52,10 @@ static CUresult ctx_new(CUdevice ordinal, unsigned phys, bool primary, unsigned 
         free(c);
         return rc;
     }
+    /* A real driver takes 0.1-1 s to create a context, its memory taken
+     * early; other processes run meanwhile (VCUDA_SIM_CTX_CREATE_US, default 0). */
+    if (sim.ctx_create_ns)
+        sim_sleep_until(sim_now_ns() + sim.ctx_create_ns, 0);
     set_contexts(phys, 1);
     c->magic = SIM_CTX_MAGIC;
     c->gen = sim.gen;

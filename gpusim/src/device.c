@@ -158,6 +158,14 @@ static CUresult do_init(void)
         return CUDA_ERROR_INVALID_VALUE;
     }
     sim.spin_ns = spin_us * 1000;
+    const char *create = getenv("VCUDA_SIM_CTX_CREATE_US");
+    end = NULL;
+    unsigned long long create_us = create && *create ? strtoull(create, &end, 10) : 0;
+    if ((end && *end) || create_us > 10000000) {
+        fprintf(stderr, "vcuda-sim: VCUDA_SIM_CTX_CREATE_US must be 0..10000000, not %s\n", create);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    sim.ctx_create_ns = create_us * 1000;
     sim_state_path(path, sizeof path);
     struct sim_shared *sh = sim_state_open(path, true, err, sizeof err);
     if (!sh) {

@@ -402,6 +402,7 @@ struct sim_local {
     uint32_t gen;
     bool eager_modules; /* CUDA_MODULE_LOADING=EAGER at cuInit */
     uint64_t spin_ns;   /* VCUDA_SIM_SPIN_US at cuInit: how much of a spinning wait spins */
+    uint64_t ctx_create_ns; /* VCUDA_SIM_CTX_CREATE_US at cuInit: how long creating a context takes */
 };
 
 extern struct sim_local sim;

@@ -1,7 +1,8 @@
 /* Contexts and their overhead (DESIGN.md "Memory": each process's context
  * overhead is charged). The overhead is measured once per device per ledger,
- * as the drop in the device's free memory around the first context creation,
- * and stored in the ledger so later processes charge it without measuring. */
+ * from NVML's view of the device around the first context creation
+ * (overhead_probe.c), and stored in the ledger so later processes charge it
+ * without measuring. */
 #include "context.h"
 
 #include <pthread.h>
@@ -19,7 +20,6 @@
 #include "real_driver.h"
 
 #define MAX_CONTEXTS 256
-#define OVERHEAD_SANITY_MAX (16ull << 30)
 #define OVERHEAD_WAIT_MS 5000
 /* Stored when NVML cannot tell, so later processes do not try again. */
 #define OVERHEAD_UNMEASURABLE UINT64_MAX
@@ -87,20 +87,6 @@ static void drop_locked(struct context *c) {
     vcuda_pools_refresh_device(c->ordinal);
 }
 
-/* Device-wide free memory from NVML, or UINT64_MAX when NVML cannot tell. */
-static uint64_t nvml_free(CUdevice ordinal) {
-    const char *uuid = vcuda_device_uuid(ordinal);
-    if (uuid == NULL || vcuda_nvml_load() != 0 || !vcuda_real_nvml.nvmlDeviceGetHandleByUUID ||
-        !vcuda_real_nvml.nvmlDeviceGetMemoryInfo)
-        return UINT64_MAX;
-    nvmlDevice_t dev;
-    nvmlMemory_t mem;
-    if (vcuda_real_nvml.nvmlDeviceGetHandleByUUID(uuid, &dev) != NVML_SUCCESS ||
-        vcuda_real_nvml.nvmlDeviceGetMemoryInfo(dev, &mem) != NVML_SUCCESS)
-        return UINT64_MAX;
-    return mem.free;
-}
-
 /* Only one process per ledger measures the overhead (concurrent context
  * creations would blur the free-memory drop); the others wait for its figure.
  * Returns the known overhead, or 0 when this process is to measure it. */
@@ -122,9 +108,9 @@ static uint64_t known_overhead(struct vcuda_ledger_device *d) {
 }
 
 CUresult vcuda_context_before_create(CUdevice ordinal, bool primary, uint64_t *charged,
-                                     uint64_t *nvml_free_before) {
+                                     struct vcuda_overhead_probe *before) {
     *charged = 0;
-    *nvml_free_before = UINT64_MAX;
+    vcuda_probe_clear(before);
     CUresult rc = vcuda_process_ready();
     if (rc == CUDA_SUCCESS) rc = vcuda_device_admit(ordinal); /* only this container's GPUs */
     if (rc != CUDA_SUCCESS) return rc;
@@ -139,7 +125,7 @@ CUresult vcuda_context_before_create(CUdevice ordinal, bool primary, uint64_t *c
     if (dev < 0) return CUDA_SUCCESS; /* an invalid ordinal: the driver will say so */
     uint64_t overhead = known_overhead(&vcuda_proc.ledger.file->devices[dev]);
     if (overhead == 0) {
-        *nvml_free_before = nvml_free(ordinal);
+        vcuda_probe_take(ordinal, before);
         return CUDA_SUCCESS;
     }
     if (overhead == OVERHEAD_UNMEASURABLE) return CUDA_SUCCESS;
@@ -152,24 +138,28 @@ CUresult vcuda_context_before_create(CUdevice ordinal, bool primary, uint64_t *c
     return CUDA_SUCCESS;
 }
 
-/* First context on a device of this ledger: measure, publish and charge the
- * overhead. Returns false when the quota cannot hold it. */
-static bool charge_measured(CUdevice ordinal, int dev, uint64_t limit, uint64_t before,
-                            uint64_t *charged) {
+/* First context on a device of this ledger: measure and charge the
+ * overhead, and publish it unless other contexts blurred the measurement (the
+ * next process then measures again). Returns false when the quota cannot
+ * hold it. */
+static bool charge_measured(CUdevice ordinal, int dev, uint64_t limit,
+                            const struct vcuda_overhead_probe *before, uint64_t *charged) {
     struct vcuda_ledger_device *d = &vcuda_proc.ledger.file->devices[dev];
     uint64_t overhead = atomic_load(&d->context_overhead);
     if (overhead == 0) {
-        uint64_t after = nvml_free(ordinal);
-        if (before == UINT64_MAX || after == UINT64_MAX || after >= before ||
-            before - after > OVERHEAD_SANITY_MAX) {
+        struct vcuda_overhead_probe after;
+        vcuda_probe_take(ordinal, &after);
+        bool exact;
+        if (!vcuda_probe_overhead(before, &after, &overhead, &exact)) {
             vcuda_info("context overhead on device %d not measurable (no NVML view); not charged", ordinal);
             overhead = OVERHEAD_UNMEASURABLE;
         } else {
-            overhead = before - after;
-            vcuda_debug("context overhead on device %d: %llu bytes", ordinal, (unsigned long long)overhead);
+            vcuda_debug("context overhead on device %d: %llu bytes%s", ordinal, (unsigned long long)overhead,
+                        exact ? "" : " (other contexts created meanwhile: not recorded)");
         }
         uint64_t expected = 0;
-        if (!atomic_compare_exchange_strong(&d->context_overhead, &expected, overhead)) overhead = expected;
+        if (exact && !atomic_compare_exchange_strong(&d->context_overhead, &expected, overhead))
+            overhead = expected;
         atomic_store(&d->overhead_measurer, 0);
     }
     if (overhead == OVERHEAD_UNMEASURABLE) return true;
@@ -185,7 +175,7 @@ static void stop_measuring(int dev) {
 }
 
 CUresult vcuda_context_after_create(CUresult rc, CUcontext ctx, CUdevice ordinal, bool primary,
-                                    uint64_t charged, uint64_t nvml_free_before) {
+                                    uint64_t charged, const struct vcuda_overhead_probe *before) {
     uint64_t limit;
     CUresult dev_rc;
     int dev = vcuda_device_index(ordinal, &limit, &dev_rc);
@@ -204,7 +194,7 @@ CUresult vcuda_context_after_create(CUresult rc, CUcontext ctx, CUdevice ordinal
         vcuda_quota_give(dev, charged);
         return CUDA_SUCCESS;
     }
-    if (charged == 0 && !charge_measured(ordinal, dev, limit, nvml_free_before, &charged)) {
+    if (charged == 0 && !charge_measured(ordinal, dev, limit, before, &charged)) {
         pthread_mutex_unlock(&context_lock);
         /* Over quota: undo the context so nothing stays allocated. */
         if (primary) vcuda_real.cuDevicePrimaryCtxRelease_v2(ordinal);

@@ -13,11 +13,12 @@ CUresult vc_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
     if (rc != CUDA_SUCCESS) return rc;
     if (vcuda_config.disabled) return vcuda_real.cuDevicePrimaryCtxRetain(pctx, dev);
-    uint64_t charged, before;
+    uint64_t charged;
+    struct vcuda_overhead_probe before;
     rc = vcuda_context_before_create(dev, true, &charged, &before);
     if (rc != CUDA_SUCCESS) return rc;
     rc = vcuda_real.cuDevicePrimaryCtxRetain(pctx, dev);
-    return vcuda_context_after_create(rc, rc == CUDA_SUCCESS ? *pctx : NULL, dev, true, charged, before);
+    return vcuda_context_after_create(rc, rc == CUDA_SUCCESS ? *pctx : NULL, dev, true, charged, &before);
 }
 
 CUresult vc_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
@@ -40,12 +41,13 @@ CUresult vc_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuCtxCreate_v2, "cuCtxCreate_v2");
     if (rc != CUDA_SUCCESS) return rc;
     if (vcuda_config.disabled) return vcuda_real.cuCtxCreate_v2(pctx, flags, dev);
-    uint64_t charged, before;
+    uint64_t charged;
+    struct vcuda_overhead_probe before;
     rc = vcuda_context_before_create(dev, false, &charged, &before);
     if (rc != CUDA_SUCCESS) return rc;
     rc = vcuda_real.cuCtxCreate_v2(pctx, flags, dev);
     if (rc == CUDA_SUCCESS) vcuda_compute_context_changed(); /* the new context is current */
-    return vcuda_context_after_create(rc, rc == CUDA_SUCCESS ? *pctx : NULL, dev, false, charged, before);
+    return vcuda_context_after_create(rc, rc == CUDA_SUCCESS ? *pctx : NULL, dev, false, charged, &before);
 }
 
 CUresult vc_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int numParams,
@@ -53,24 +55,26 @@ CUresult vc_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int num
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuCtxCreate_v3, "cuCtxCreate_v3");
     if (rc != CUDA_SUCCESS) return rc;
     if (vcuda_config.disabled) return vcuda_real.cuCtxCreate_v3(pctx, params, numParams, flags, dev);
-    uint64_t charged, before;
+    uint64_t charged;
+    struct vcuda_overhead_probe before;
     rc = vcuda_context_before_create(dev, false, &charged, &before);
     if (rc != CUDA_SUCCESS) return rc;
     rc = vcuda_real.cuCtxCreate_v3(pctx, params, numParams, flags, dev);
     if (rc == CUDA_SUCCESS) vcuda_compute_context_changed();
-    return vcuda_context_after_create(rc, rc == CUDA_SUCCESS ? *pctx : NULL, dev, false, charged, before);
+    return vcuda_context_after_create(rc, rc == CUDA_SUCCESS ? *pctx : NULL, dev, false, charged, &before);
 }
 
 CUresult vc_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuCtxCreate_v4, "cuCtxCreate_v4");
     if (rc != CUDA_SUCCESS) return rc;
     if (vcuda_config.disabled) return vcuda_real.cuCtxCreate_v4(pctx, params, flags, dev);
-    uint64_t charged, before;
+    uint64_t charged;
+    struct vcuda_overhead_probe before;
     rc = vcuda_context_before_create(dev, false, &charged, &before);
     if (rc != CUDA_SUCCESS) return rc;
     rc = vcuda_real.cuCtxCreate_v4(pctx, params, flags, dev);
     if (rc == CUDA_SUCCESS) vcuda_compute_context_changed();
-    return vcuda_context_after_create(rc, rc == CUDA_SUCCESS ? *pctx : NULL, dev, false, charged, before);
+    return vcuda_context_after_create(rc, rc == CUDA_SUCCESS ? *pctx : NULL, dev, false, charged, &before);
 }
 
 CUresult vc_cuCtxDestroy_v2(CUcontext ctx) {

@@ -169,7 +169,11 @@
     X(nvmlInit_v2, (void))                                                                         \
     X(nvmlDeviceGetUUID, (nvmlDevice_t device, char *uuid, unsigned int length))                   \
     X(nvmlDeviceGetIndex, (nvmlDevice_t device, unsigned int *index))                              \
-    X(nvmlDeviceGetHandleByUUID, (const char *uuid, nvmlDevice_t *device))
+    X(nvmlDeviceGetHandleByUUID, (const char *uuid, nvmlDevice_t *device))                         \
+    X(nvmlDeviceGetComputeRunningProcesses_v3,                                                     \
+      (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos))                    \
+    X(nvmlDeviceGetComputeRunningProcesses_v2,                                                     \
+      (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos))
 
 /* Pointers to the real functions, filled once by real_driver.c. */
 struct vcuda_real_cuda {

@@ -9,6 +9,7 @@
 
 #include "hooks.h"
 #include "ledger.h"
+#include "overhead_probe.h"
 
 struct vcuda_process {
     struct vcuda_ledger ledger;
@@ -47,9 +48,9 @@ CUresult vcuda_stream_device(CUstream stream, CUcontext *ctx, CUdevice *ordinal)
 
 /* Context bookkeeping around the real calls; see context.c. */
 CUresult vcuda_context_before_create(CUdevice ordinal, bool primary, uint64_t *charged,
-                                     uint64_t *nvml_free_before);
+                                     struct vcuda_overhead_probe *before);
 CUresult vcuda_context_after_create(CUresult rc, CUcontext ctx, CUdevice ordinal, bool primary,
-                                uint64_t charged, uint64_t nvml_free_before);
+                                    uint64_t charged, const struct vcuda_overhead_probe *before);
 void vcuda_context_destroyed(CUcontext ctx);
 void vcuda_primary_released(CUdevice ordinal, bool reset);
 

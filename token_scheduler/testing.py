@@ -50,6 +50,9 @@ class TenantClient:
         self.seq = 0
         self.epoch: int | None = None
         self.budget_us: int | None = None  # the last in-flight budget the scheduler sent
+        # Nonces of the PINGs sent since the last REQUEST or RELEASE(MORE): only their PONGs tell
+        # whether that request was lost. A PONG to an older PING describes the state before it.
+        self._pings_since_ask: set[int] = set()
 
     def close(self) -> None:
         self.sock.close(0)
@@ -62,16 +65,23 @@ class TenantClient:
         self.sock.send(frame)
 
     def request(self, predicted_us: int = 0) -> None:
+        self._pings_since_ask.clear()
         self.sock.send(wire.encode_request(self._next_seq(), os.getpid(), predicted_us))
 
     def release(self, lease_id: int, held_ns: int, more: bool = False) -> None:
+        if more:
+            self._pings_since_ask.clear()
         self.sock.send(wire.encode_release(self._next_seq(), lease_id, held_ns, more))
 
     def renew(self, lease_id: int, held_ns: int) -> None:
         self.sock.send(wire.encode_renew(self._next_seq(), lease_id, held_ns))
 
-    def ping(self, nonce: int = 0) -> None:
-        self.sock.send(wire.encode_ping(self._next_seq(), nonce))
+    def ping(self, nonce: int | None = None) -> None:
+        """PING; the nonce is the frame's seq unless given (as libvcuda's)."""
+        seq = self._next_seq()
+        nonce = seq if nonce is None else nonce
+        self._pings_since_ask.add(nonce)
+        self.sock.send(wire.encode_ping(seq, nonce))
 
     def report(self, budget_hits: int, budget_wait_ns: int) -> None:
         self.sock.send(wire.encode_report(self._next_seq(), budget_hits, budget_wait_ns))
@@ -105,7 +115,11 @@ class TenantClient:
         """Wait for a GRANT after REQUEST or RELEASE(MORE).
 
         While waiting, PING now and then: a PONG saying IDLE means the request
-        was lost (daemon restarted), so REQUEST again, as PROTOCOL.md asks.
+        was lost (daemon restarted), so REQUEST again, as PROTOCOL.md asks; but
+        only the PONG to a PING sent after the request. One to an earlier PING
+        (still queued when an ERROR or GRANT ended the previous wait) says IDLE
+        of the time before the request: asking again would make a second request,
+        which the scheduler refuses once the first is granted.
         """
         deadline = time.monotonic() + timeout_s
         while True:
@@ -120,7 +134,7 @@ class TenantClient:
                 return msg
             if msg.type == MsgType.PONG:
                 self.epoch = msg.fields[1]
-                if msg.fields[2] == ClientState.IDLE:
+                if msg.fields[2] == ClientState.IDLE and msg.fields[0] in self._pings_since_ask:
                     self.request()
                 continue
             raise ErrorReply(msg)

@@ -19,12 +19,32 @@ CUstream stream; /* NULL: legacy default stream */
 static CUevent events[64];
 static int nevent;
 static CUfunction fn;
+static double launched_ms; /* when the last launch command began */
 
 static double now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* This thread's CPU time and its time runnable but waiting for a CPU, in ms
+ * (/proc/thread-self/schedstat; without it, CPU time alone and no wait). */
+static void sched_ms(double *cpu, double *runq)
+{
+    unsigned long long on = 0, waited = 0;
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    if (f && fscanf(f, "%llu %llu", &on, &waited) == 2) {
+        *cpu = on / 1e6;
+        *runq = waited / 1e6;
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+        *cpu = ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+        *runq = 0;
+    }
+    if (f)
+        fclose(f);
 }
 
 unsigned long long qty(const char *s)
@@ -147,7 +167,7 @@ int main(int argc, char **argv)
             int n = atoi(arg);
             unsigned long long us = qty(i + 2 < argc ? argv[i + 2] : "0");
             i += 2;
-            double t0 = now_ms();
+            double t0 = launched_ms = now_ms();
             for (int k = 0; k < n && rc == CUDA_SUCCESS; k++)
                 rc = launch(us);
             printf("launch %d %.1f\n", rc, now_ms() - t0);
@@ -165,10 +185,15 @@ int main(int argc, char **argv)
             if (!rc)
                 rc = cuEventElapsedTime_v2(&ms, events[nevent - 2], events[nevent - 1]);
             printf("elapsed %d %.3f\n", rc, ms);
-        } else if (!strcmp(cmd, "sync")) { /* prints ms spent waiting */
+        } else if (!strcmp(cmd, "sync")) { /* prints ms spent waiting, and ms since the last launch began */
             double t0 = now_ms();
             rc = stream ? cuStreamSynchronize(stream) : cuCtxSynchronize();
-            printf("sync %d %.1f\n", rc, now_ms() - t0);
+            double t1 = now_ms();
+            printf("sync %d %.1f %.1f\n", rc, t1 - t0, t1 - launched_ms);
+        } else if (!strcmp(cmd, "sched")) { /* ms on a CPU so far, and ms runnable waiting for one */
+            double cpu, runq;
+            sched_ms(&cpu, &runq);
+            printf("sched 0 %.3f %.3f\n", cpu, runq);
         } else if (!strcmp(cmd, "fork")) { /* fork <size>: the child starts over and allocates */
             i++;
             pid_t pid = fork();

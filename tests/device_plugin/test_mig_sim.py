@@ -147,6 +147,11 @@ def label(api: FakeApiServer, dp, name: str) -> None:  # type: ignore[no-untyped
                              _content_type="application/merge-patch+json", _preload_content=False)
 
 
+def events(api: FakeApiServer) -> list[dict[str, Any]]:
+    with api.lock:
+        return [dict(e) for e in api.objects["events"].values()]
+
+
 def state(api: FakeApiServer, dp) -> str | None:  # type: ignore[no-untyped-def]
     return (api.get("nodes", dp.NODE)["metadata"].get("labels") or {}).get(STATE_LABEL)
 
@@ -164,8 +169,8 @@ def test_a_label_changes_the_simulators_layout_and_a_busy_gpu_waits(kubelet, sho
         label(api, dp, "mixed-1")
         dp.wait_for(lambda: state(api, dp) == "failed", what="the layout refused: GPU 0 is busy")
         assert instances(sim, 0) == before and instances(sim, 1) == []
-        with api.lock:
-            (event,) = list(api.objects["events"].values())
+        # The agent sets the state label before it creates the Event (two API calls): wait for the Event.
+        (event,) = dp.wait_for(lambda: events(api), what="the Warning Event")
         assert "GPU 0" in event["message"] and "busy" in event["message"]
         children.release(busy)
         dp.wait_for(lambda: state(api, dp) == "success", what="the layout applied once GPU 0 is idle")

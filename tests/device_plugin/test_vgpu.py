@@ -414,7 +414,9 @@ def test_equal_shares_on_different_gpus_cannot_swap_quotas(agent_factory, kubele
         podres.owners = {("default", "new", "main"): {CORE: chosen}}
         dp.wait_for(lambda: agent.layout.read_record(rec.key).pod == "new", what="identity correction")
         dp.wait_for(lambda: tenants(agent, a) == {rec.tenant: (30, 70)}, what="the right pod's quota")
-        fixed = agent.layout.read_record(rec.key)
+        # The reconciler writes the record after the scheduler took the new limit: wait for it too.
+        fixed = dp.wait_for(lambda: r if (r := agent.layout.read_record(rec.key)).core_limit == 70 else None,
+                            what="the record's quota")
         assert (fixed.pod_uid, fixed.core_limit) == ("uid-new", 70) and "identity" not in fixed.extra
     finally:
         podres.stop()

@@ -5,7 +5,6 @@ they are interleaved), waits sleep until completion."""
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import time
 
@@ -72,20 +71,30 @@ def test_default_queue_does_not_block(tool) -> None:
 def test_synchronize_spins_unless_the_context_blocks(tool) -> None:
     """As the driver's: a synchronize in a default context busy-waits (here the last
     VCUDA_SIM_SPIN_US of it, 5 ms), one in a CU_CTX_SCHED_BLOCKING_SYNC context sleeps:
-    20 waits for 10 ms kernels burn about 100 ms of CPU, or next to none."""
+    through 20 waits for 10 ms kernels the spinning thread wants a CPU for about 100 ms,
+    the sleeping one uses next to none."""
     waits = ["launch", "1", "10000", "sync"] * 20
 
-    def cpu_s(ctx: str) -> float:
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        out = tool("init", ctx, "0", *waits, env={"VCUDA_SIM_SPIN_US": "5000"})
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    def cpu_and_runnable_ms(ctx: str) -> tuple[float, float]:
+        """The waiting thread's CPU time through the waits, and its time runnable (on a CPU or
+        waiting for one)."""
+        out = tool("init", ctx, "0", "sched", *waits, "sched", env={"VCUDA_SIM_SPIN_US": "5000"})
         assert all(line.rc == 0 for line in out), out
-        assert all(9.5 <= float(line.rest[0]) < 30 for line in out if line.cmd == "sync"), out
-        return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        for sync in (line for line in out if line.cmd == "sync"):
+            # No return before the kernel's 10 ms, counted from its launch: the time in sync alone is
+            # shorter when the tool was preempted between the two. Under 100 ms: a wake-up late on a
+            # loaded machine is not what this test is about; one oversleeping by far still fails it.
+            assert float(sync.rest[1]) >= 9.5 and float(sync.rest[0]) < 100, out
+        before, after = (line for line in out if line.cmd == "sched")
+        cpu = float(after.rest[0]) - float(before.rest[0])
+        return cpu, cpu + float(after.rest[1]) - float(before.rest[1])
 
-    spinning, blocking = cpu_s("ctx"), cpu_s("bctx")
-    assert spinning >= 0.06, f"{spinning:.3f} s of CPU: the waits did not spin"
-    assert blocking <= 0.03, f"{blocking:.3f} s of CPU: the blocking waits spun"
+    _, spinning = cpu_and_runnable_ms("ctx")
+    blocking, _ = cpu_and_runnable_ms("bctx")
+    # Runnable time, not CPU time: a spinning thread is runnable all through its spin, but on a
+    # loaded machine (CI's two shared cores) it waits for a CPU for part of it.
+    assert spinning >= 60, f"{spinning:.1f} ms runnable: the waits did not spin"
+    assert blocking <= 30, f"{blocking:.1f} ms of CPU: the blocking waits spun"
 
 
 def test_spin_setting_is_checked(tool, sim: SimConfig) -> None:

@@ -97,6 +97,20 @@ def test_identity_comes_from_the_socket(admin: AdminClient, zctx: zmq.Context) -
     assert pong.fields[2] == wire.ClientState.HOLDING and pong.fields[3] == lease
 
 
+def test_a_pong_to_a_ping_before_the_request_does_not_ask_twice(admin: AdminClient, zctx: zmq.Context) -> None:
+    """A PONG still queued from a PING sent before the REQUEST (as after an ERROR ended the
+    previous wait) says IDLE of that earlier time: the client must not REQUEST again, or the
+    scheduler refuses the second REQUEST once the first is granted."""
+    a = TenantClient(add(admin, "a", 50), zctx)
+    a.ping()  # while idle: its PONG(IDLE) is queued, unread
+    assert a.sock.poll(2000)
+    lease = a.acquire(3).fields[0]
+    a.ping(0xFEED)  # answered after anything a second REQUEST would have brought
+    while (msg := a.expect(MsgType.PONG)).fields[0] != 0xFEED:
+        pass
+    assert msg.fields[2] == wire.ClientState.HOLDING and msg.fields[3] == lease
+
+
 def test_processes_of_one_tenant_share_it(admin: AdminClient, zctx: zmq.Context) -> None:
     endpoint = add(admin, "a", 50)
     p1, p2 = TenantClient(endpoint, zctx), TenantClient(endpoint, zctx)

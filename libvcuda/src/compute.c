@@ -162,6 +162,7 @@ struct token_client {
     unsigned syncs_seen;    /* client thread only */
     uint64_t renewed_ns;    /* the quantum of the renewal just granted (WAKE_RENEWED) */
     uint64_t unanswered;    /* a lease released before the answer to its RENEW came: ignore that answer */
+    uint32_t asked_seq;     /* client thread only: seq of the last REQUEST or RELEASE(MORE) */
     struct flight flight;
 };
 static struct token_client clients[VCUDA_MAX_DEVICES];
@@ -224,7 +225,9 @@ static int send_msg(struct token_client *c, int type, int flags, uint64_t a, uin
 }
 
 static int send_request(struct token_client *c) {
-    return send_msg(c, MSG_REQUEST, 0, (uint64_t)getpid(), c->burst_ns / 1000);
+    int rc = send_msg(c, MSG_REQUEST, 0, (uint64_t)getpid(), c->burst_ns / 1000);
+    c->asked_seq = c->seq;
+    return rc;
 }
 
 /* PING has an 8-byte body (the nonce: here the frame's own seq). */
@@ -657,7 +660,12 @@ static bool wait_grant(struct token_client *c, uint64_t *lease, uint64_t *quantu
         c->heard_ns = now_ns();
         if (len < HEADER_LEN || memcmp(buf, "VCTS", 4) != 0) continue;
         if (buf[5] == MSG_PONG && len >= HEADER_LEN + 24) {
-            if (buf[HEADER_LEN + 12] == PONG_IDLE) send_request(c);
+            /* Only the answer to a PING sent after the request tells it was
+             * lost: an older one (queued when a GRANT or ERROR ended the last
+             * wait) says IDLE of before, and asking again would make a second
+             * request, refused once the first is granted. Nonces are seqs. */
+            uint32_t nonce = (uint32_t)get64(buf + HEADER_LEN);
+            if (buf[HEADER_LEN + 12] == PONG_IDLE && (int32_t)(nonce - c->asked_seq) > 0) send_request(c);
             continue;
         }
         if (buf[5] == MSG_GRANT && len >= HEADER_LEN + 16) {
@@ -922,6 +930,7 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
                 early ? ", released before its end" : "", why == WAKE_REVOKED ? "revoked, " : "",
                 more ? "more" : "done");
     send_msg(c, MSG_RELEASE, more ? FLAG_MORE : 0, lease, held);
+    if (more) c->asked_seq = c->seq;
     if (early) drain_own_work(c); /* before the next lease: it starts with nothing in flight */
     flight_lease(c, false);
     struct flight *f = &c->flight;

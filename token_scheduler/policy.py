@@ -268,6 +268,8 @@ class TenantStats:
     # Every wait since the tenant was added, bucketed (last slot: +Inf), and their sum.
     wait_buckets: list[int] = field(default_factory=lambda: [0] * (len(WAIT_BUCKETS_NS) + 1))
     wait_sum_ns: int = 0
+    # The most held_total_ns has shown: a counter never goes back (see `held_total_ns`).
+    held_total_shown_ns: int = 0
 
 
 @dataclass
@@ -467,10 +469,16 @@ class Policy:
             if late is None or late.client != client:
                 raise PolicyError(ErrorCode.STALE_LEASE, "unknown lease", ref=lease_id)
             del tenant.expired[lease_id]
-            # The holder ran past the reclaim: charge the rest of its real hold.
+            # The holder ran past the reclaim: charge the rest of its real hold, and whoever
+            # was granted the token meanwhile only from its end, as after a release's tail:
+            # the time is charged once, to the tenant that overran.
             held = min(max(held_ns, 0), now - late.granted_at)
             if held > late.charged_ns:
-                self._charge(tenant, late.granted_at + late.charged_ns, late.granted_at + held)
+                end = late.granted_at + held
+                self._charge(tenant, late.granted_at + late.charged_ns, end)
+                self._charged_until = max(self._charged_until, end)
+                if self.lease is not None and self.lease.charged_from < end:
+                    self.lease.charged_from = end
             self._note_overrun(tenant, held, late.quantum_ns)
         if more:
             self.request(tenant_name, client, 0, seq)
@@ -772,7 +780,11 @@ class Policy:
         lease = self.lease
         if lease is not None and lease.tenant == tenant.name:
             held += max(0, min(now, lease.reclaim_at) - lease.charged_from)
-        return held
+        # A reclaimed holder's late release moves the lease in force's start past its
+        # overrun: what was shown of that lease waits until the charges catch up.
+        stats = tenant.stats
+        stats.held_total_shown_ns = max(stats.held_total_shown_ns, held)
+        return stats.held_total_shown_ns
 
     def _rank(self, tenant: Tenant, now: int, used: int,
               holding_since: int | None = None) -> tuple[int, int] | None:

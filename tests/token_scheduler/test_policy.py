@@ -472,3 +472,32 @@ def test_a_claimed_tail_is_charged_at_most_one_budget() -> None:
     clock.advance(1 * MS)
     policy.release("a", b"1", grant.lease_id, 10 * SECOND, more=False)
     assert policy.usage_ns("a") == 1 * MS + policy.budget_ns("a")
+
+
+def test_a_reclaimed_holders_late_release_moves_the_next_holders_charge_past_its_overrun() -> None:
+    """A holder that overran its lease (reclaimed, its RELEASE late) is charged its real hold;
+    the tenant granted the token at the reclaim only from where that hold ended: the overlap
+    is charged once, to the one that overran, not to both. The charge-back counter of the
+    next holder never goes back meanwhile."""
+    policy, clock = make(("a", 50, 100), ("b", 50, 100))
+    policy.request("a", b"1", 0)
+    late = policy.dispatch()
+    assert late is not None and late.tenant == "a"
+    policy.request("b", b"1", 0)
+    clock.advance(late.quantum_ns + CFG.grace_ns)
+    nxt = policy.dispatch()  # a's lease reclaimed, b granted
+    assert nxt is not None and nxt.tenant == "b"
+    clock.advance(2 * MS)
+    shown = policy.stats()["tenants"]["b"]["held_ms_total"]  # type: ignore[index]
+    assert shown == pytest.approx(2)
+    clock.advance(1 * MS)
+    overran = late.quantum_ns + CFG.grace_ns + 3 * MS  # a's work ran on 3 ms into b's lease
+    policy.release("a", b"1", late.lease_id, overran, more=False)
+    assert policy.usage_ns("a") == overran
+    assert policy.usage_ns("b") == 0
+    assert policy.stats()["tenants"]["b"]["held_ms_total"] >= shown  # type: ignore[index,operator]
+    clock.advance(7 * MS)
+    policy.release("b", b"1", nxt.lease_id, 10 * MS, more=False)
+    assert policy.usage_ns("b") == 7 * MS
+    assert policy.usage_ns("a") + policy.usage_ns("b") == overran + 7 * MS  # the wall time, once
+    assert policy.stats()["tenants"]["b"]["held_ms_total"] == pytest.approx(7)  # type: ignore[index]

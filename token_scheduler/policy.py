@@ -87,8 +87,9 @@ class PolicyConfig:
     expired_memory: int = 64  # recently expired leases kept per tenant for late releases
     # Requests and limits at short horizons (horizon.py). Off (the default for now): only
     # the window counts, and a tenant back from idle bursts, then cycles (issue 31). On
-    # the simulator the short horizons still cost tenants 1-5 pp of their request (see
-    # README, Compute quotas), so they are opt-in until that is fixed.
+    # the simulator the short horizons still cost tenants up to 1 pp of their request
+    # over 10 s and more over the worst second (see README, Compute quotas), so they are
+    # opt-in until that is fixed.
     short_horizon: bool = False
     # A capped tenant's GPU time over any interval of each horizon stays under its limit
     # + allowance; it runs one lease a frame of the first horizon (its limit of the frame

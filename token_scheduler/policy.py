@@ -742,9 +742,13 @@ class Policy:
                 excess = min(held + need - cap, held)  # a lease longer than the cap: alone then
                 if excess <= 0:
                     break
-                if shorten and tries < 7 and fit - excess >= cfg.quantum_min_ns:
-                    fit -= excess  # its interval then starts earlier, and may hold more: again
-                    continue
+                if shorten and tries < 7:
+                    least = max(cfg.quantum_min_ns, quantum // 4)
+                    if fit - excess >= least:
+                        fit -= excess  # its interval then starts earlier, and may hold more: again
+                        continue
+                    # Too little room: only until a quarter lease fits, not a whole one.
+                    excess -= fit - least
                 wait = max(wait, trail.shed_until(low, excess) - low, 1)
                 break
         return wait, fit
@@ -890,11 +894,13 @@ class Policy:
             # horizon would see as a burst and the tenant as a gap in its service. Less the
             # typical excess of its charged holds over their lease, more when they end early
             # (the largest overrun would make every lease as short as the worst one and leave
-            # its frames short); at most the frame's allowance over.
+            # its frames short); never so long that, its expected overrun counted, it would
+            # be over its limit + allowance of the frame alone.
             share = tenant.limit * short.frame.length // 100
             slack = tenant.recent_slack_ns
             typical = sum(slack) // len(slack) if slack else self._typical_overrun(tenant)
-            ceiling = min(share - typical, share + cfg.allowance_ns)
+            over = (self._typical_overrun(tenant) + max(tenant.recent_overruns_ns, default=0)) // 2
+            ceiling = min(share - typical, share + cfg.allowance_ns - over)
         return int(min(max(want, cfg.quantum_min_ns), max(cfg.quantum_min_ns, ceiling)))
 
     @staticmethod

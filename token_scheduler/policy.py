@@ -697,7 +697,7 @@ class Policy:
         run now), and that lease: its pace credit not negative, its frame's budget not
         spent (else the next frame), and its GPU time over any interval of each horizon at
         most limit + allowance, the expected overrun counted. A lease is shortened to fit
-        the horizons longer than its frame (down to the shortest lease): it then runs in
+        the horizons longer than its frame (down to a quarter lease): it then runs in
         phase and loses only what they hold back, where a wait there (for a whole lease
         to leave the longer horizon) would leave a gap in its shorter ones. Its shortest
         horizon makes it wait, never shortens it: one lease's overrun is a large part of

@@ -137,15 +137,54 @@ class Trail:
         return ends[-1] if ends else low
 
 
+class Frame:
+    """A capped tenant's place on a grid of frames (one frame = the shortest horizon):
+    once its budget for the current frame is spent it waits for the next frame's
+    start, on the grid, not for a fixed time after its last lease. A lease served
+    a little late then does not push every later one back: leases stay in phase,
+    so every 1 s interval holds the same number of them, and lateness is not carried.
+
+    `at`: start of the current frame (None: none yet); `used`: GPU time charged
+    since the frame's first grant."""
+
+    __slots__ = ("length", "at", "used")
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.at: int | None = None
+        self.used = 0
+
+    def wait(self, now: int, used: int, budget: int, early: int) -> int:
+        """How long until a tenant that would use `used` ns of this frame (its next lease
+        counted) may start: 0 within the budget, else until `early` before the next frame
+        (a lease that starts that early counts in the next frame: the GPU does not idle
+        for a few milliseconds only to keep the grid)."""
+        if self.at is None or used <= budget:
+            return 0
+        return max(0, self.at + self.length - early - now)
+
+    def start(self, now: int, early: int, tolerance: int) -> None:
+        """A grant at `now`: within the current frame, nothing changes; from `early` before
+        its end, the next frame begins on the grid, or at `now` when that is later by over
+        `tolerance` (the tenant idled, or was served that late: its phase moves to where
+        it was served, away from the neighbour that delayed it)."""
+        if self.at is not None and now < self.at + self.length - early:
+            return
+        on_grid = now if self.at is None else self.at + self.length
+        self.at = on_grid if now - on_grid <= tolerance else now
+        self.used = 0
+
+
 class ShortHorizon:
     """One tenant's short-horizon records, charged together with its window."""
 
-    __slots__ = ("pace", "due", "trail")
+    __slots__ = ("pace", "due", "trail", "frame")
 
-    def __init__(self, pace: RateBucket, due: RateBucket, trail: Trail) -> None:
+    def __init__(self, pace: RateBucket, due: RateBucket, trail: Trail, frame: Frame) -> None:
         self.pace = pace  # at the limit's rate
         self.due = due  # at the request's rate
         self.trail = trail
+        self.frame = frame
 
     def settle(self, now: int, waiting_since: int) -> None:
         self.pace.settle(now, waiting_since)
@@ -155,3 +194,4 @@ class ShortHorizon:
         self.pace.charge(start, end)
         self.due.charge(start, end)
         self.trail.add(start, end)
+        self.frame.used += max(0, end - start)

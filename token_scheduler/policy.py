@@ -16,7 +16,9 @@ Rules (DESIGN.md, token_scheduler):
 - requests and limits also hold over any 100 ms and any 1 s (short_horizon): a
   capped tenant is paced at its limit (credit for idle time capped at a small
   allowance), its GPU time over exact 100 ms and 1 s windows stays within limit +
-  allowance, one lease is at most its limit of 100 ms; "below request" is credit
+  allowance, it runs one lease a 100 ms frame on a grid that a late lease does not
+  move (leases stay in phase, lateness is not carried), each its limit of the frame
+  on average; "below request" is credit
   earned at the request's rate now, not a deficit over the window, so a tenant
   back from idle neither bursts nor starves a neighbour (issue 31);
 - priority buys latency, never GPU time: a waiting `high` tenant that the
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .errors import ErrorCode, PolicyError
-from .horizon import RateBucket, ShortHorizon, Trail
+from .horizon import Frame, RateBucket, ShortHorizon, Trail
 
 MS = 1_000_000
 SECOND = 1_000_000_000
@@ -85,13 +87,14 @@ class PolicyConfig:
     expired_memory: int = 64  # recently expired leases kept per tenant for late releases
     # Requests and limits at short horizons (horizon.py). Off (the default for now): only
     # the window counts, and a tenant back from idle bursts, then cycles (issue 31). On
-    # the simulator the short horizons still cost tenants 1-5 pp of their request (see
-    # README, Compute quotas), so they are opt-in until that is fixed.
+    # the simulator the short horizons still cost tenants up to 1 pp of their request
+    # over 10 s and more over the worst second (see README, Compute quotas), so they are
+    # opt-in until that is fixed.
     short_horizon: bool = False
     # A capped tenant's GPU time over any interval of each horizon stays under its limit
-    # + allowance; one lease is at most its limit of the first horizon, so it runs about
-    # once per that horizon. Idle time earns little credit (Policy._short_horizon), time
-    # waiting for the token up to the longest horizon's worth.
+    # + allowance; it runs one lease a frame of the first horizon (its limit of the frame
+    # on average), on a grid (horizon.Frame). Idle time earns little credit
+    # (Policy._short_horizon), time waiting for the token up to the longest horizon's worth.
     horizons_ns: tuple[int, ...] = (100 * MS, 1 * SECOND)
     allowance_ns: int = 8 * MS
 
@@ -282,6 +285,9 @@ class Tenant:
     priority: str = NORMAL
     # Overrun (hold past the quantum) of the last few leases, to shorten the next one.
     recent_overruns_ns: deque[int] = field(default_factory=lambda: deque(maxlen=OVERRUN_MEMORY))
+    # Charged time less the quantum (negative: it ended early) of its last leases that
+    # wanted more, so that a capped tenant's one lease a frame holds its limit on average.
+    recent_slack_ns: deque[int] = field(default_factory=lambda: deque(maxlen=OVERRUN_MEMORY))
     usage: UsageWindow = field(default_factory=UsageWindow)
     waiting: OrderedDict[ClientId, Waiter] = field(default_factory=OrderedDict)
     expired: OrderedDict[int, ExpiredLease] = field(default_factory=OrderedDict)
@@ -352,7 +358,12 @@ class Policy:
             RateBucket(limit, allowance // 2, self._owed_cap(limit), cfg.window_ns, now),
             RateBucket(request, allowance + request * cfg.horizons_ns[0] // 100, self._owed_cap(request),
                        allowance + cfg.quantum_max_ns, now),
-            Trail(max(cfg.horizons_ns)))
+            Trail(max(cfg.horizons_ns)), Frame(self._frame_ns(limit)))
+
+    def _frame_ns(self, limit: int) -> int:
+        """A capped tenant's frame: the shortest horizon, or shorter when its limit of that
+        is more than the longest lease (so that one lease a frame still reaches the limit)."""
+        return min(self.config.horizons_ns[0], self.config.quantum_max_ns * 100 // limit)
 
     def _owed_cap(self, percent: int) -> int:
         """The most credit a tenant at `percent` banks waiting: the longest horizon's worth."""
@@ -373,6 +384,7 @@ class Policy:
             tenant.short.pace.restart(limit, self._owed_cap(limit), now)
             tenant.short.due.restart(request, self._owed_cap(request), now)
             tenant.short.trail = Trail(max(self.config.horizons_ns))
+            tenant.short.frame = Frame(self._frame_ns(limit))
         if priority is not None:
             tenant.priority = priority
         self._recheck_at = None
@@ -463,6 +475,12 @@ class Policy:
             self._note_overrun(tenant, held, lease.quantum_ns)
             if not lease.revoked_at:  # a revoked hold was cut short: it says nothing of the burst
                 self._learn_burst(tenant, held, lease.quantum_ns, more)
+                slack = now + tail - lease.charged_from - lease.quantum_ns
+                # Not a lease that ended a quarter early or more: its frame's rest makes up for
+                # it (`_capped_fit`). An odd one (a first lease draining a deep queue) counts
+                # as at most twice the in-flight budget past its end.
+                if more and 4 * slack >= -lease.quantum_ns:
+                    tenant.recent_slack_ns.append(min(slack, 2 * self.budget_ns(tenant_name)))
             self.lease = None
         else:
             late = tenant.expired.get(lease_id)
@@ -579,6 +597,8 @@ class Policy:
         client, waiter = tenant.waiting.popitem(last=False)
         if tenant.short is not None:
             tenant.short.settle(now, waiter.since)
+            if tenant.limit < 100:
+                tenant.short.frame.start(now, self.config.allowance_ns, self.config.horizons_ns[0] // 4)
         lease_id = (self.epoch << 32) | self._next_lease
         self._next_lease = self._next_lease % 0xFFFFFFFF + 1
         self.lease = Lease(tenant.name, client, lease_id, now, now + quantum, quantum,
@@ -653,7 +673,7 @@ class Policy:
             first = next(iter(tenant.waiting.values()))
             lease = self._quantum(tenant, first.predicted_ns)
             if tenant.limit < 100:
-                wait = self._capped_wait(tenant, short, now, lease, first.since, None)
+                wait, lease = self._capped_fit(tenant, short, now, lease, first.since, None)
                 if wait > 0:
                     at = now + max(wait, RECHECK_MIN_NS)
                     recheck = at if recheck is None or at < recheck else recheck
@@ -675,11 +695,23 @@ class Policy:
 
     def _capped_wait(self, tenant: Tenant, short: ShortHorizon, now: int, quantum: int,
                      waiting_since: int | None, holding_since: int | None) -> int:
-        """How long until a lease of `quantum` from now keeps the tenant within its limit
-        (0: it may run now): its pace credit not negative, and its GPU time over any
-        interval of each horizon at most limit + allowance, the expected overrun counted.
-        The lease is never shortened to fit: at equilibrium that would shrink every lease
-        (and the learned bursts) to the minimum. `waiting_since`: it waits since then;
+        """How long until the tenant may run a lease within its limit (0: now); see
+        `_capped_fit`."""
+        return self._capped_fit(tenant, short, now, quantum, waiting_since, holding_since)[0]
+
+    def _capped_fit(self, tenant: Tenant, short: ShortHorizon, now: int, quantum: int,
+                    waiting_since: int | None, holding_since: int | None) -> tuple[int, int]:
+        """How long until a lease from now keeps the tenant within its limit (0: it may
+        run now), and that lease: its pace credit not negative, its frame's budget not
+        spent (else the next frame), and its GPU time over any interval of each horizon at
+        most limit + allowance, the expected overrun counted. A lease is shortened to fit
+        the horizons longer than its frame (down to a quarter lease): it then runs in
+        phase and loses only what they hold back, where a wait there (for a whole lease
+        to leave the longer horizon) would leave a gap in its shorter ones. Its shortest
+        horizon makes it wait, never shortens it: one lease's overrun is a large part of
+        the allowance there, and at equilibrium shortening would shrink every lease (and
+        the learned bursts) to the minimum. Its frame shortens a lease only to the rest of
+        a frame whose lease ended early. `waiting_since`: it waits since then;
         `holding_since`: it holds the token since then (not yet charged)."""
         cfg = self.config
         pace = short.pace
@@ -690,17 +722,44 @@ class Policy:
         # Room for the typical overrun, and half the way to the worst one: the allowance
         # takes the rest.
         need = quantum + (self._typical_overrun(tenant) + max(tenant.recent_overruns_ns, default=0)) // 2
+        # Its frame: once this one's budget is spent, the next frame's start (the grid).
+        # A lease that ended early (its process paused) leaves the rest of the frame's
+        # share: a lease of what is left, if at least a quarter of a whole one.
+        frame = short.frame
+        fit = quantum
+        used = frame.used + need + (0 if holding_since is None else max(0, now - holding_since))
+        share = tenant.limit * frame.length // 100
+        frame_wait = frame.wait(now, used, share + cfg.allowance_ns, cfg.allowance_ns)
+        rest = share - frame.used - (need - quantum)
+        if frame_wait and holding_since is None and 4 * rest >= quantum:
+            fit, frame_wait = min(quantum, rest), 0
+        wait = max(wait, frame_wait)
+        # Over a longer horizon, where a shortened lease brings the tenant to its cap, room
+        # for the worst recent overrun.
+        over, worst = need - quantum, max(tenant.recent_overruns_ns, default=0)
         trail = short.trail
         for horizon in cfg.horizons_ns:
             cap = tenant.limit * horizon // 100 + cfg.allowance_ns
-            low = now + min(need, horizon) - horizon
-            held = trail.held_since(low)
-            if holding_since is not None:
-                held += max(0, now - max(holding_since, low))
-            excess = min(held + need - cap, held)  # a lease longer than the cap: alone then
-            if excess > 0:
+            shorten = holding_since is None and horizon > frame.length
+            for tries in range(8):
+                need = fit + (worst if shorten else over)
+                low = now + min(need, horizon) - horizon
+                held = trail.held_since(low)
+                if holding_since is not None:
+                    held += max(0, now - max(holding_since, low))
+                excess = min(held + need - cap, held)  # a lease longer than the cap: alone then
+                if excess <= 0:
+                    break
+                if shorten and tries < 7:
+                    least = max(cfg.quantum_min_ns, quantum // 4)
+                    if fit - excess >= least:
+                        fit -= excess  # its interval then starts earlier, and may hold more: again
+                        continue
+                    # Too little room: only until a quarter lease fits, not a whole one.
+                    excess -= fit - least
                 wait = max(wait, trail.shed_until(low, excess) - low, 1)
-        return wait
+                break
+        return wait, fit
 
     def preempt(self) -> Revoke | None:
         """Revoke a `normal` holder's lease if a waiting `high` tenant comes first.
@@ -840,14 +899,20 @@ class Policy:
         # for quantum + overrun: shorten the lease by the largest recent overrun so
         # that a waiting tenant waits at most quantum_max.
         ceiling = cfg.quantum_max_ns - max(tenant.recent_overruns_ns, default=0)
-        if tenant.short is not None and tenant.limit < 100:
-            # One lease is at most the limit of the shortest horizon, so a capped tenant runs
-            # about once per horizon: no long lease then a long pause, which a neighbour at
-            # that horizon would see as a burst and the tenant as a gap in its service.
-            # Less its typical overrun: the largest would make every lease as short as the
-            # worst one and leave the GPU idle (the pace charges the real hold anyway).
-            pace = tenant.limit * cfg.horizons_ns[0] // 100 - self._typical_overrun(tenant)
-            ceiling = min(ceiling, pace)
+        short = tenant.short
+        if short is not None and tenant.limit < 100:
+            # One lease a frame (at most the shortest horizon), holding the limit of the
+            # frame on average: no long lease then a long pause, which a neighbour at that
+            # horizon would see as a burst and the tenant as a gap in its service. Less the
+            # typical excess of its charged holds over their lease, more when they end early
+            # (the largest overrun would make every lease as short as the worst one and leave
+            # its frames short); never so long that, its expected overrun counted, it would
+            # be over its limit + allowance of the frame alone.
+            share = tenant.limit * short.frame.length // 100
+            slack = tenant.recent_slack_ns
+            typical = sum(slack) // len(slack) if slack else self._typical_overrun(tenant)
+            over = (self._typical_overrun(tenant) + max(tenant.recent_overruns_ns, default=0)) // 2
+            ceiling = min(share - typical, share + cfg.allowance_ns - over)
         return int(min(max(want, cfg.quantum_min_ns), max(cfg.quantum_min_ns, ceiling)))
 
     @staticmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from token_scheduler.horizon import RateBucket, Trail
+from token_scheduler.horizon import Frame, RateBucket, Trail
 from token_scheduler.shares import cumulative, extreme_shares, share_between
 
 MS = 1_000_000
@@ -79,6 +79,38 @@ def test_trail_places_a_late_hold_at_the_newest_end() -> None:
     trail.add(100 * MS, 110 * MS)
     trail.add(50 * MS, 55 * MS)
     assert trail.held_since(104 * MS) == 6 * MS + 5 * MS
+
+
+def frame_at(at: int | None, used: int = 0) -> Frame:
+    """A 100 ms frame that began at `at`, `used` ns of it charged."""
+    frame = Frame(100 * MS)
+    frame.at, frame.used = at, used
+    return frame
+
+
+@pytest.mark.parametrize(
+    ("desc", "frame", "now", "used", "wait"),
+    [("no frame yet: at once", frame_at(None), 5 * MS, 50 * MS, 0),
+     ("within its budget: at once", frame_at(0, 10 * MS), 20 * MS, 18 * MS, 0),
+     ("its budget spent: the next frame, less the early margin", frame_at(0, 10 * MS), 20 * MS, 19 * MS, 72 * MS),
+     ("within the margin: at once", frame_at(0, 10 * MS), 95 * MS, 19 * MS, 0)],
+)
+def test_frame_wait(desc: str, frame: Frame, now: int, used: int, wait: int) -> None:
+    assert frame.wait(now, used, 18 * MS, 8 * MS) == wait
+
+
+@pytest.mark.parametrize(
+    ("desc", "frame", "now", "at", "used"),
+    [("the first grant begins a frame", frame_at(None), 7 * MS, 7 * MS, 0),
+     ("within the frame: nothing changes", frame_at(0, 10 * MS), 50 * MS, 0, 10 * MS),
+     ("early: the next frame, on the grid", frame_at(0, 10 * MS), 93 * MS, 100 * MS, 0),
+     ("late within the tolerance: on the grid", frame_at(0, 10 * MS), 125 * MS, 100 * MS, 0),
+     ("later: where it is served", frame_at(0, 10 * MS), 126 * MS, 126 * MS, 0),
+     ("back from idle: where it is served", frame_at(0, 10 * MS), 5000 * MS, 5000 * MS, 0)],
+)
+def test_frame_start(desc: str, frame: Frame, now: int, at: int, used: int) -> None:
+    frame.start(now, 8 * MS, 25 * MS)
+    assert (frame.at, frame.used) == (at, used)
 
 
 def test_shares_over_every_interval() -> None:

@@ -275,6 +275,22 @@ class Install:
 
 # ---------------------------------------------------------------- what the tests ask the API server
 
+MEMORY_UNIT = 256 << 20  # tencent.com/vcuda-memory's unit
+
+
+def vgpu_pod(name: str, namespace: str, cores: int, memory: int, command: list[str],
+             env: dict[str, str] | None = None, restart: str = "Never") -> dict:
+    """A workload pod asking `cores` of a GPU and `memory` bytes (whole units) of it."""
+    container = {"name": "main", "image": WORKLOAD_IMAGE, "imagePullPolicy": "Never", "command": command,
+                 "resources": {"limits": {"tencent.com/vcuda-core": str(cores),
+                                          "tencent.com/vcuda-memory": str(memory // MEMORY_UNIT)}}}
+    if env:
+        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": {
+        "hostPID": True,  # the simulator's driver shares its state by host pid (README testing.simulator)
+        "terminationGracePeriodSeconds": 1, "restartPolicy": restart, "containers": [container]}}
+
+
 def create(c: cluster_tool.Cluster, obj: dict) -> subprocess.CompletedProcess:
     """kubectl create of one object (its stderr carries admission warnings)."""
     return c.kubectl("create", "-f", "-", input_=json.dumps(obj))

@@ -85,19 +85,23 @@ class FakeWatchAPI:
             return FakeStream(events, self.block)
         return FakeResponse({"metadata": {"resourceVersion": "41"}, "items": []})
 
+    def watch_until(self, dp, events: int, what: str, **kw) -> None:  # type: ignore[no-untyped-def]
+        """Runs a PodWatch on this API until it reported `events` changes, then stops it."""
+        seen: list[int] = []
+        watch = PodWatch(self, "node-1", lambda: seen.append(1), **kw)
+        watch.start()
+        try:
+            dp.wait_for(lambda: len(seen) == events, what=what)
+        finally:
+            self.block.set()
+            watch.stop()
+
 
 def test_pod_watch_lists_then_watches_and_reports_events(dp):
     pod = dp.pod("p", cores=10)
     api = FakeWatchAPI([{"type": "MODIFIED", "object": pod}, {"type": "BOOKMARK", "object": {}},
                         {"type": "DELETED", "object": pod}])
-    seen: list[int] = []
-    watch = PodWatch(api, "node-1", lambda: seen.append(1))
-    watch.start()
-    try:
-        dp.wait_for(lambda: len(seen) == 2, what="two events (the bookmark is not one)")
-    finally:
-        api.block.set()
-        watch.stop()
+    api.watch_until(dp, 2, "two events (the bookmark is not one)")
     listed, watched = api.calls[0], api.calls[1]
     assert listed["field_selector"] == watched["field_selector"] == "spec.nodeName=node-1"
     assert watched["watch"] is True and watched["resource_version"] == "41"
@@ -195,14 +199,7 @@ def test_pod_watch_numbers_the_pods_it_sees_bound(dp):
     first, second = dp.pod("x", cores=10), dp.pod("y", cores=10)
     api = FakeWatchAPI([{"type": "ADDED", "object": second}, {"type": "ADDED", "object": first}])
     arrivals = Arrivals()
-    seen: list[int] = []
-    watch = PodWatch(api, "node-1", lambda: seen.append(1), arrivals=arrivals)
-    watch.start()
-    try:
-        dp.wait_for(lambda: len(seen) == 2, what="two events")
-    finally:
-        api.block.set()
-        watch.stop()
+    api.watch_until(dp, 2, "two events", arrivals=arrivals)
     assert (arrivals.of(second), arrivals.of(first)) == (0, 1)
 
 

@@ -14,18 +14,14 @@ import cluster as cluster_tool
 import vcuda as vcuda_tool
 from shimtest import parse
 
-UNIT = 256 << 20           # tencent.com/vcuda-memory's unit
+UNIT = vcuda_tool.MEMORY_UNIT
 
 
 def _start(vcuda, namespace: str, name: str, cores: int, units: int) -> None:
     """A pod holding `cores` and `units` of a GPU, Running (placed by vcuda-scheduler)."""
     c = vcuda.cluster
-    vcuda_tool.create(c, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-                          "spec": {"hostPID": True, "terminationGracePeriodSeconds": 1, "containers": [{
-                              "name": "main", "image": vcuda_tool.WORKLOAD_IMAGE, "imagePullPolicy": "Never",
-                              "command": ["sleep", "3600"],
-                              "resources": {"limits": {"tencent.com/vcuda-core": str(cores),
-                                                       "tencent.com/vcuda-memory": str(units)}}}]}})
+    vcuda_tool.create(c, vcuda_tool.vgpu_pod(name, namespace, cores, units * UNIT, ["sleep", "3600"],
+                                             restart="Always"))
     vcuda_tool.wait_for(f"pod {name} Running", lambda: vcuda_tool.get(c, "pod", name, namespace)["status"].get(
         "phase") == "Running", timeout=120, explain=lambda: c.kubectl(
         "describe", "pod", "-n", namespace, name, check=False).stdout[-3000:])

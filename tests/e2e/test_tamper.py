@@ -32,7 +32,6 @@ from shimtest import parse
 
 GiB = 1 << 30
 MiB = 1 << 20
-UNIT = 256 * MiB                 # tencent.com/vcuda-memory's unit
 CHUNK = 256 * MiB
 CORES, MEMORY = 30, 4 * GiB
 OUT_OF_MEMORY = 2                # CUDA_ERROR_OUT_OF_MEMORY
@@ -50,18 +49,6 @@ COMPUTE_ROWS = ("disable", "no-scheduler")
 PROBE = "/usr/local/bin/cuprobe"
 
 
-def _pod(name: str, namespace: str, env: dict[str, str]) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": {
-        "hostPID": True,          # the simulator's driver shares its state by host pid (README testing.simulator)
-        "terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
-        "containers": [{
-            "name": "main", "image": vcuda_tool.WORKLOAD_IMAGE, "imagePullPolicy": "Never",
-            "command": ["sleep", "3600"],
-            "env": [{"name": k, "value": v} for k, v in env.items()],
-            "resources": {"limits": {"tencent.com/vcuda-core": str(CORES),
-                                     "tencent.com/vcuda-memory": str(MEMORY // UNIT)}}}]}}
-
-
 def test_tamper_rows_are_held_to_quota_and_gpu(vcuda, namespace):
     vcuda_tool.skip_unless_ready(vcuda, "scenario 2")
     started = time.monotonic()
@@ -71,7 +58,7 @@ def test_tamper_rows_are_held_to_quota_and_gpu(vcuda, namespace):
     # order they were bound; each must get the GPU the extender gave it (e2e/README: "What the real
     # cluster showed").
     for name, env in ROWS.items():
-        vcuda_tool.create(c, _pod(name, namespace, env))
+        vcuda_tool.create(c, vcuda_tool.vgpu_pod(name, namespace, CORES, MEMORY, ["sleep", "3600"], env))
 
     def explain() -> str:
         return "\n".join(c.kubectl("describe", "pod", "-n", namespace, n, check=False).stdout[-2500:] for n in ROWS)

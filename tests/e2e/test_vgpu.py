@@ -17,7 +17,6 @@ from shimtest import parse
 
 GiB = 1 << 30
 MiB = 1 << 20
-UNIT = 256 * MiB                 # tencent.com/vcuda-memory's unit
 CHUNK = 256 * MiB
 OUT_OF_MEMORY = 2                # CUDA_ERROR_OUT_OF_MEMORY
 COMPUTE_S = 75                   # each pod's kernels run this long; the share is measured inside it
@@ -25,17 +24,10 @@ WINDOW_S = 20
 PODS = {"share-30": (30, 8 * GiB), "share-50": (50, 4 * GiB)}
 
 
-def _pod(name: str, cores: int, memory: int) -> dict:
+def _pod(name: str, namespace: str, cores: int, memory: int) -> dict:
     script = (f"vcuda-workload quota-fill {CHUNK}; echo quota-fill-done; "
               f"vcuda-workload compute 10000 {COMPUTE_S}; echo compute-done; sleep 3600")
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
-        "hostPID": True,          # the simulator's driver shares its state by host pid (README testing.simulator)
-        "terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
-        "containers": [{
-            "name": "main", "image": vcuda_tool.WORKLOAD_IMAGE, "imagePullPolicy": "Never",
-            "command": ["sh", "-c", script],
-            "resources": {"limits": {"tencent.com/vcuda-core": str(cores),
-                                     "tencent.com/vcuda-memory": str(memory // UNIT)}}}]}}
+    return vcuda_tool.vgpu_pod(name, namespace, cores, memory, ["sh", "-c", script])
 
 
 def test_two_shares_on_one_gpu(vcuda, namespace):
@@ -44,7 +36,7 @@ def test_two_shares_on_one_gpu(vcuda, namespace):
     c = vcuda.cluster
     agent = vcuda.wait_ready(timeout=60)["device-plugin"]["metadata"]["name"]
     for name, (cores, memory) in PODS.items():
-        vcuda_tool.create(c, {**_pod(name, cores, memory), "metadata": {"name": name, "namespace": namespace}})
+        vcuda_tool.create(c, _pod(name, namespace, cores, memory))
 
     def explain() -> str:
         return "\n".join(c.kubectl("describe", "pod", "-n", namespace, n, check=False).stdout[-2500:] for n in PODS)

@@ -26,11 +26,14 @@ def test_served_before_registered_one_socket_per_resource(agent_factory, kubelet
 def test_reregisters_after_kubelet_restart(agent_factory, kubelet, dp):
     agent = agent_factory("vgpu", gpus=1)
     kubelet.wait_registered(CORE)
+    kubelet.wait_registered(MEMORY)
+    # The agent counts a registration when kubelet's reply reaches it, after kubelet saw it.
+    dp.wait_for(lambda: agent.registrar.registrations >= 2, what="both registrations counted")
     before = agent.registrar.registrations
     restarted = kubelet.restart()
     again = kubelet.wait_registered(CORE, after=restarted)
     kubelet.wait_registered(MEMORY, after=restarted)
-    assert agent.registrar.registrations >= before + 2
+    dp.wait_for(lambda: agent.registrar.registrations >= before + 2, what="both registered again")
     dp.wait_for(lambda: again.lists, what="ListAndWatch after re-registration")
     assert len(again.lists[-1]) == 100
 

@@ -145,14 +145,29 @@ class Frame:
     so every 1 s interval holds the same number of them, and lateness is not carried.
 
     `at`: start of the current frame (None: none yet); `used`: GPU time charged
-    since the frame's first grant."""
+    since the frame's first grant; `carry`: how much more than its `share` the frames
+    since it last came back from idle held (negative: less), within `carry_cap` either
+    way. The next lease is that much shorter: a frame's hold varies by a few
+    milliseconds (where the holder's work ends), and ten frames' deviations would
+    otherwise add up in a second's share."""
 
-    __slots__ = ("length", "at", "used")
+    __slots__ = ("length", "share", "carry_cap", "at", "used", "carry")
 
-    def __init__(self, length: int) -> None:
+    def __init__(self, length: int, share: int, carry_cap: int) -> None:
         self.length = length
+        self.share = share
+        self.carry_cap = carry_cap
         self.at: int | None = None
         self.used = 0
+        self.carry = 0
+
+    def next_carry(self) -> int:
+        """The carry into the next frame if it begins on the grid: this frame's hold counted
+        (the lease that begins it is decided on that, not on the frames before only: a lag
+        of one frame would make the correction swing)."""
+        if self.at is None:
+            return 0
+        return max(-self.carry_cap, min(self.carry_cap, self.carry + self.used - self.share))
 
     def wait(self, now: int, used: int, budget: int, early: int) -> int:
         """How long until a tenant that would use `used` ns of this frame (its next lease
@@ -163,15 +178,40 @@ class Frame:
             return 0
         return max(0, self.at + self.length - early - now)
 
-    def start(self, now: int, early: int, tolerance: int) -> None:
-        """A grant at `now`: within the current frame, nothing changes; from `early` before
-        its end, the next frame begins on the grid, or at `now` when that is later by over
-        `tolerance` (the tenant idled, or was served that late: its phase moves to where
-        it was served, away from the neighbour that delayed it)."""
+    def deadline(self, now: int, early: int) -> int:
+        """The end of the frame on the grid that a lease from `now` counts in (from `early`
+        before a frame's end, the next one), as a neighbour would see it: a tenant served
+        late keeps the deadline it missed, so it comes before those with time to spare."""
+        if self.at is None:
+            return now + self.length
+        if now < self.at + self.length - early:
+            return self.at + self.length
+        return self.at + 2 * self.length
+
+    def start(self, now: int, early: int, tolerance: int, waiting_since: int, below_request: bool) -> None:
+        """A grant at `now` to a tenant waiting since `waiting_since`: within the current
+        frame, nothing changes; from `early` before its end, the next frame begins on the
+        grid, or at `now` when that is later by over `tolerance` (the tenant idled, or was
+        served that late: its phase moves to where it was served, away from the neighbour
+        that delayed it). A frame served late owes the share of the time it lost if the
+        tenant is below its request (above it, a neighbour within its own request came
+        first, rightly); one back from idle starts with no carry."""
         if self.at is not None and now < self.at + self.length - early:
             return
-        on_grid = now if self.at is None else self.at + self.length
-        self.at = on_grid if now - on_grid <= tolerance else now
+        if self.at is None:
+            self.at, self.used, self.carry = now, 0, 0
+            return
+        on_grid = self.at + self.length
+        carry = self.next_carry()
+        if now - on_grid <= tolerance:
+            self.at = on_grid
+        elif waiting_since <= on_grid + tolerance:  # served late
+            if below_request:
+                carry -= self.share * (now - on_grid) // self.length
+            self.at = now
+        else:  # back from idle
+            carry, self.at = 0, now
+        self.carry = max(-self.carry_cap, min(self.carry_cap, carry))
         self.used = 0
 
 

@@ -358,7 +358,14 @@ class Policy:
             RateBucket(limit, allowance // 2, self._owed_cap(limit), cfg.window_ns, now),
             RateBucket(request, allowance + request * cfg.horizons_ns[0] // 100, self._owed_cap(request),
                        allowance + cfg.quantum_max_ns, now),
-            Trail(max(cfg.horizons_ns)), Frame(self._frame_ns(limit)))
+            Trail(max(cfg.horizons_ns)), self._frame(limit))
+
+    def _frame(self, limit: int) -> Frame:
+        """A capped tenant's frame, its share the limit of it; a carry of at most half the
+        allowance either way (a lease is at most that much longer or shorter than usual:
+        with an overrun, it still fits the allowance over 100 ms)."""
+        length = self._frame_ns(limit)
+        return Frame(length, limit * length // 100, self.config.allowance_ns // 2)
 
     def _frame_ns(self, limit: int) -> int:
         """A capped tenant's frame: the shortest horizon, or shorter when its limit of that
@@ -384,7 +391,7 @@ class Policy:
             tenant.short.pace.restart(limit, self._owed_cap(limit), now)
             tenant.short.due.restart(request, self._owed_cap(request), now)
             tenant.short.trail = Trail(max(self.config.horizons_ns))
-            tenant.short.frame = Frame(self._frame_ns(limit))
+            tenant.short.frame = self._frame(limit)
         if priority is not None:
             tenant.priority = priority
         self._recheck_at = None
@@ -598,7 +605,8 @@ class Policy:
         if tenant.short is not None:
             tenant.short.settle(now, waiter.since)
             if tenant.limit < 100:
-                tenant.short.frame.start(now, self.config.allowance_ns, self.config.horizons_ns[0] // 4)
+                tenant.short.frame.start(now, self.config.allowance_ns, self.config.horizons_ns[0] // 4, waiter.since,
+                                         tenant.short.due.balance > 0)
         lease_id = (self.epoch << 32) | self._next_lease
         self._next_lease = self._next_lease % 0xFFFFFFFF + 1
         self.lease = Lease(tenant.name, client, lease_id, now, now + quantum, quantum,
@@ -662,9 +670,10 @@ class Policy:
         horizon allow its lease. First come the tenants below their request now (credit at
         the request's rate: idle time earns little), then those below it over the window
         only, then the least used; `high` first in each of the first two."""
-        best: tuple[tuple[int, int, int], Tenant, int] | None = None
+        best: tuple[tuple[int, ...], Tenant, int] | None = None
         recheck: int | None = None
-        window = self.config.window_ns
+        cfg = self.config
+        window = cfg.window_ns
         for tenant in self.tenants.values():
             if not tenant.waiting:
                 continue
@@ -680,8 +689,19 @@ class Policy:
                     continue
             high = tenant.priority == HIGH
             credit = short.due.level(now, first.since)
-            if credit > 0:  # the longest owed first: credit in wall time at its request's rate
-                key = (0 if high else 1, -credit * 100 // tenant.request, first.since)
+            if credit > 0:
+                # The one that must start first: a capped tenant for its lease to end within
+                # its frame (long past, when it was served late), another by how long it is
+                # owed, up to a frame (the longest owed first, as among themselves). Leases
+                # ordered by their frames' ends all fit while the limits leave room: a tenant
+                # with time to spare does not go first and make another miss its frame.
+                owed = credit * 100 // tenant.request
+                frame_ns = cfg.horizons_ns[0]
+                if tenant.limit < 100:
+                    start_by = short.frame.deadline(now, cfg.allowance_ns) - lease
+                else:
+                    start_by = now + frame_ns - min(owed, frame_ns)
+                key = (0 if high else 1, start_by, -owed, first.since)
             else:
                 # Then below request over the window (after every tenant below it now: the
                 # window's deficit may be idle time), then the least used.
@@ -721,22 +741,24 @@ class Policy:
             wait = 0 if pace.level_holding(now, holding_since) >= 0 else 1
         # Room for the typical overrun, and half the way to the worst one: the allowance
         # takes the rest.
-        need = quantum + (self._typical_overrun(tenant) + max(tenant.recent_overruns_ns, default=0)) // 2
+        need = quantum + (self._typical_overrun(tenant) + self._worst_overrun(tenant)) // 2
         # Its frame: once this one's budget is spent, the next frame's start (the grid).
         # A lease that ended early (its process paused) leaves the rest of the frame's
         # share: a lease of what is left, if at least a quarter of a whole one.
         frame = short.frame
         fit = quantum
         used = frame.used + need + (0 if holding_since is None else max(0, now - holding_since))
-        share = tenant.limit * frame.length // 100
-        frame_wait = frame.wait(now, used, share + cfg.allowance_ns, cfg.allowance_ns)
+        # The frame's target: its share less what the frames before held over theirs. A
+        # second lease within it only up to that (the first may run past by the allowance).
+        share = frame.share - frame.carry
+        frame_wait = frame.wait(now, used, share, cfg.allowance_ns)
         rest = share - frame.used - (need - quantum)
         if frame_wait and holding_since is None and 4 * rest >= quantum:
             fit, frame_wait = min(quantum, rest), 0
         wait = max(wait, frame_wait)
         # Over a longer horizon, where a shortened lease brings the tenant to its cap, room
         # for the worst recent overrun.
-        over, worst = need - quantum, max(tenant.recent_overruns_ns, default=0)
+        over, worst = need - quantum, self._worst_overrun(tenant)
         trail = short.trail
         for horizon in cfg.horizons_ns:
             cap = tenant.limit * horizon // 100 + cfg.allowance_ns
@@ -906,13 +928,23 @@ class Policy:
             # horizon would see as a burst and the tenant as a gap in its service. Less the
             # typical excess of its charged holds over their lease, more when they end early
             # (the largest overrun would make every lease as short as the worst one and leave
-            # its frames short); never so long that, its expected overrun counted, it would
-            # be over its limit + allowance of the frame alone.
-            share = tenant.limit * short.frame.length // 100
+            # its frames short); shorter or longer by what the frames before held over or
+            # under their share (the carry); never so long that, its expected overrun
+            # counted, it would be over its limit + allowance of the frame alone, nor
+            # lengthened by the carry past where its worst overrun would take it over.
+            share = short.frame.share
             slack = tenant.recent_slack_ns
             typical = sum(slack) // len(slack) if slack else self._typical_overrun(tenant)
-            over = (self._typical_overrun(tenant) + max(tenant.recent_overruns_ns, default=0)) // 2
+            worst = self._worst_overrun(tenant)
+            over = (self._typical_overrun(tenant) + worst) // 2
             ceiling = min(share - typical, share + cfg.allowance_ns - over)
+            carry = short.frame.next_carry()
+            if carry >= 0:
+                ceiling -= carry
+            else:
+                lengthened = min(share - typical - carry, share + cfg.allowance_ns - over,
+                                 share + cfg.allowance_ns - worst)
+                ceiling = max(ceiling, lengthened)
         return int(min(max(want, cfg.quantum_min_ns), max(cfg.quantum_min_ns, ceiling)))
 
     @staticmethod
@@ -920,6 +952,17 @@ class Policy:
         """The mean hold past the quantum of the tenant's last leases."""
         overruns = tenant.recent_overruns_ns
         return sum(overruns) // len(overruns) if overruns else 0
+
+    @staticmethod
+    def _worst_overrun(tenant: Tenant) -> int:
+        """The largest hold past the quantum of the tenant's last leases but one: a single
+        outlier (the first lease of a process, which drains what it queued before it knew
+        its kernels' length; one stall) is not a trend, and would shorten the next 16
+        leases of a capped tenant by half of it."""
+        overruns = tenant.recent_overruns_ns
+        if len(overruns) < 2:
+            return max(overruns, default=0)
+        return sorted(overruns)[-2]
 
     def _charge(self, tenant: Tenant, start: int, end: int) -> None:
         """The tenant held the GPU over [start, end]."""

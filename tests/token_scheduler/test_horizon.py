@@ -82,8 +82,8 @@ def test_trail_places_a_late_hold_at_the_newest_end() -> None:
 
 
 def frame_at(at: int | None, used: int = 0) -> Frame:
-    """A 100 ms frame that began at `at`, `used` ns of it charged."""
-    frame = Frame(100 * MS)
+    """A 100 ms frame of a 10 % share that began at `at`, `used` ns of it charged."""
+    frame = Frame(100 * MS, 10 * MS, 8 * MS)
     frame.at, frame.used = at, used
     return frame
 
@@ -100,17 +100,41 @@ def test_frame_wait(desc: str, frame: Frame, now: int, used: int, wait: int) -> 
 
 
 @pytest.mark.parametrize(
-    ("desc", "frame", "now", "at", "used"),
-    [("the first grant begins a frame", frame_at(None), 7 * MS, 7 * MS, 0),
-     ("within the frame: nothing changes", frame_at(0, 10 * MS), 50 * MS, 0, 10 * MS),
-     ("early: the next frame, on the grid", frame_at(0, 10 * MS), 93 * MS, 100 * MS, 0),
-     ("late within the tolerance: on the grid", frame_at(0, 10 * MS), 125 * MS, 100 * MS, 0),
-     ("later: where it is served", frame_at(0, 10 * MS), 126 * MS, 126 * MS, 0),
-     ("back from idle: where it is served", frame_at(0, 10 * MS), 5000 * MS, 5000 * MS, 0)],
+    ("desc", "frame", "now", "since", "at", "carry"),
+    [("the first grant begins a frame", frame_at(None), 7 * MS, 0, 7 * MS, 0),
+     ("within the frame: nothing changes", frame_at(0, 13 * MS), 50 * MS, 40 * MS, 0, 0),
+     ("early: the next frame, on the grid, 3 ms over its share", frame_at(0, 13 * MS), 93 * MS, 90 * MS, 100 * MS,
+      3 * MS),
+     ("late within the tolerance: on the grid, 1 ms under", frame_at(0, 9 * MS), 125 * MS, 90 * MS, 100 * MS, -MS),
+     ("later: where it is served, owed its share of 30 ms", frame_at(0, 10 * MS), 130 * MS, 90 * MS, 130 * MS,
+      -3 * MS),
+     ("much later: owed at most the allowance", frame_at(0, 10 * MS), 900 * MS, 90 * MS, 900 * MS, -8 * MS),
+     ("back from idle: where it is served, no carry", frame_at(0, 13 * MS), 5000 * MS, 4990 * MS, 5000 * MS, 0)],
 )
-def test_frame_start(desc: str, frame: Frame, now: int, at: int, used: int) -> None:
-    frame.start(now, 8 * MS, 25 * MS)
-    assert (frame.at, frame.used) == (at, used)
+def test_frame_start(desc: str, frame: Frame, now: int, since: int, at: int, carry: int) -> None:
+    used = frame.used
+    frame.start(now, 8 * MS, 25 * MS, since, True)
+    assert (frame.at, frame.carry) == (at, carry)
+    assert frame.used == (used if desc.startswith("within") else 0)
+
+
+def test_a_frame_served_late_above_its_request_owes_nothing() -> None:
+    """An elastic tenant above its request was rightly served after a neighbour within its
+    own: its next lease makes up none of the time lost."""
+    frame = frame_at(0, 10 * MS)
+    frame.start(130 * MS, 8 * MS, 25 * MS, 90 * MS, False)
+    assert (frame.at, frame.carry) == (130 * MS, 0)
+
+
+def test_frame_carry_adds_up_within_the_allowance() -> None:
+    """Frames over and under their share add up: the carry is the sum, at most 8 ms."""
+    frame = frame_at(0)
+    carries = []
+    for i, used in enumerate([14, 20, 6, 5, 10], start=1):
+        frame.used = used * MS
+        frame.start(i * 100 * MS, 8 * MS, 25 * MS, i * 100 * MS - MS, True)
+        carries.append(frame.carry // MS)
+    assert carries == [4, 8, 4, -1, -1]  # 4 + 10 = 14 is capped at 8
 
 
 def test_shares_over_every_interval() -> None:

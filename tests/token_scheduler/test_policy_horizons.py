@@ -179,11 +179,10 @@ def hold(policy: Policy, clock: FakeClock, tenant: str) -> int:
 def test_a_capped_lease_is_its_limit_of_100ms() -> None:
     policy, clock = make(("b", 13, 13), ("a", 50, 100))
     assert [hold(policy, clock, "a") // MS for _ in range(5)] == [10, 15, 22, 33, 50]  # a saturating burst
-    quanta = []
-    for _ in range(4):
-        quanta.append(hold(policy, clock, "b") // MS)
-        clock.advance(SECOND)
-    assert quanta == [10, 13, 13, 13]
+    policy.client_gone("a", b"1")
+    # 13 ms a frame: the first lease (the initial burst estimate, 10 ms) was 3 short, made
+    # up over the next two (the carry, at most 4 ms a lease; the burst estimate grows to 15).
+    assert [quantum for _, quantum in serve(policy, clock, "b", [whole] * 5)] == [10, 15, 14, 13, 13]
 
 
 def test_idle_time_earns_only_the_allowance() -> None:
@@ -245,10 +244,46 @@ def test_a_lease_served_late_keeps_its_frame_on_the_grid(late_ms: int, starts: l
 
 
 def test_a_lease_holds_its_frames_share_past_its_overrun() -> None:
-    """Holders that run 3 ms past every lease get leases of 7 ms: 10 ms a frame."""
+    """Holders that run 3 ms past every lease get leases of 7 ms: 10 ms a frame. The first
+    frame's 3 ms over is made up in the second (4 ms + 3): 20 ms in two frames."""
     policy, clock = make(("b", 10, 10))
     served = serve(policy, clock, "b", [lambda q: q + 3 * MS] * 5)
-    assert served == [(0, 10), (95, 7), (192, 7), (292, 7), (392, 7)]
+    assert served == [(0, 10), (95, 4), (192, 7), (292, 7), (392, 7)]
+
+
+def test_the_capped_tenant_whose_frame_ends_first_goes_first() -> None:
+    """a's frames start at 0, b's at 50 ms. At 150 ms both wait: b since 60 ms (owed
+    more), a since 140 ms, its frame due to end at 200 ms, b's at 250 ms. a goes first,
+    so both fit their frames; served in the order they were owed, a would wait for b's
+    lease."""
+    policy, clock = make(("a", 20, 20), ("b", 20, 20))
+    t0 = clock.now
+    for name, client, at in (("a", b"1", 0), ("b", b"2", 50 * MS)):
+        clock.set(t0 + at)
+        policy.request(name, client, 0)
+        grant = policy.dispatch()
+        assert grant is not None and grant.tenant == name
+        clock.advance(10 * MS)
+        policy.release(name, client, grant.lease_id, 10 * MS, False)
+    policy.request("b", b"2", 0)
+    clock.set(t0 + 140 * MS)
+    policy.request("a", b"1", 0)
+    clock.set(t0 + 150 * MS)
+    owed = {name: t.short.due.level(clock.now, next(iter(t.waiting.values())).since)  # type: ignore[union-attr]
+            for name, t in policy.tenants.items()}
+    assert owed["b"] > owed["a"] > 0
+    grant = policy.dispatch()
+    assert grant is not None and grant.tenant == "a"
+
+
+def test_one_long_overrun_does_not_shorten_the_leases_after_it() -> None:
+    """A process's first lease drains what it queued before it knew its kernels' length:
+    here 25 ms past a 10 ms lease. One outlier is not a trend: from the fourth frame the
+    30 % tenant's leases are its share again (the room kept for the worst overrun kept
+    them at 21-23 ms for the 16 leases it is remembered)."""
+    policy, clock = make(("a", 30, 30))
+    served = serve(policy, clock, "a", [lambda q: q + 25 * MS] + [whole] * 6)
+    assert all(29 <= quantum <= 31 for _, quantum in served[4:]), served
 
 
 def test_a_lease_that_ended_early_leaves_the_rest_of_its_frame() -> None:
@@ -256,7 +291,9 @@ def test_a_lease_that_ended_early_leaves_the_rest_of_its_frame() -> None:
     of its frame at once, then its next frame as before."""
     policy, clock = make(("a", 50, 50))
     served = serve(policy, clock, "a", [whole] * 6 + [lambda q: 20 * MS, whole, whole])
-    assert served[6:] == [(292, 50), (312, 30), (392, 50)]
+    (paused, lease), (rest, rest_lease), (after, _) = served[6:]
+    assert (rest - paused, rest_lease) == (20, lease - 20)
+    assert 92 <= after - paused <= 100
 
 
 def test_stats_count_the_token_free_while_tenants_wait_held_back() -> None:
@@ -327,12 +364,16 @@ def test_limits_hold_and_little_is_lost_with_overruns_that_vary() -> None:
     worst: the worst made every lease wait for room it did not use (93.6 % of the GPU
     used by three tenants whose limits add up to 100 %). Leases on frames, as long as
     each tenant's holds past them leave its share of a frame, and shortened rather than
-    delayed at the 1 s horizon, use 99.0 % of it (95.4 % with leases that kept no phase
-    and lost what a neighbour's overrun delayed them by)."""
+    delayed at the 1 s horizon, use 99.7 % of it: served in the order their frames end,
+    each lease shorter or longer by what the frames before held over or under their
+    share (99.0 % in the order they were owed with no carry, 95.4 % with leases that kept
+    no phase and lost what a neighbour's overrun delayed them by)."""
     tenants = [SimTenant("A", 20, 20), SimTenant("B", 30, 30), SimTenant("C", 50, 50)]
     result = VaryingOverrun(CFG, tenants, keep_grants=True).run(END)
     start, end = 5 * SECOND, END - SECOND
     for spec in tenants:
         assert 100 * result.extreme_shares(spec.name, SECOND, start, end)[1] <= spec.limit + 1, spec.name
         assert 100 * result.extreme_shares(spec.name, 100 * MS, start, end)[1] <= spec.limit + 10, spec.name
-    assert sum(100 * result.share(s.name, start, end) for s in tenants) == pytest.approx(99.0, abs=0.05)
+    assert sum(100 * result.share(s.name, start, end) for s in tenants) == pytest.approx(99.7, abs=0.05)
+    for spec in tenants:  # the frames' carry: the holds' variation does not add up over a second
+        assert 100 * result.extreme_shares(spec.name, SECOND, start, end)[0] >= spec.request - 2.6, spec.name

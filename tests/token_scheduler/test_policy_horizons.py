@@ -286,6 +286,16 @@ def test_one_long_overrun_does_not_shorten_the_leases_after_it() -> None:
     assert all(29 <= quantum <= 31 for _, quantum in served[4:]), served
 
 
+def test_a_capped_tenant_whose_work_ends_just_before_its_lease_keeps_its_share() -> None:
+    """A 40 % process that reaches a synchronize at 90 % of every lease and asks again at
+    once is saturating: its leases grow to 44-45 ms, 40 ms held a frame. Sampled as its
+    burst, each hold made the next lease 10 % shorter (5 ms after a second)."""
+    policy, clock = make(("a", 40, 40))
+    served = serve(policy, clock, "a", [lambda q: q * 9 // 10] * 12)
+    assert all(39 <= quantum * 0.9 <= 41 for _, quantum in served[7:]), served
+    assert [start for start, _ in served[7:]] == [392, 492, 592, 692, 792]
+
+
 def test_a_lease_that_ended_early_leaves_the_rest_of_its_frame() -> None:
     """A 50 % tenant whose process paused 20 ms into its 50 ms lease gets the other 30 ms
     of its frame at once, then its next frame as before."""

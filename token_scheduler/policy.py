@@ -316,6 +316,9 @@ class Policy:
         self.lease: Lease | None = None
         self._next_lease = 1
         self._recheck_at: int | None = None  # when a tenant blocked at its limit may run
+        # When the holder may be revoked (`preempt`): a waiting tenant below its request
+        # becomes free to run, or an elastic holder goes above its own.
+        self._preempt_at: int | None = None
         self._high: dict[str, Tenant] = {}  # the `high` tenants, checked on every dispatch
         self._charged_until = 0  # the last released holder's work ran (was charged) until then
         # The token free while tenants wait, each held back by its limit (or short horizons):
@@ -579,6 +582,8 @@ class Policy:
         deadlines = []
         if self.lease is not None:
             deadlines.append(self.lease.reclaim_at)
+            if self._preempt_at is not None:
+                deadlines.append(self._preempt_at)
         elif self._recheck_at is not None:
             deadlines.append(self._recheck_at)
         return min(deadlines) if deadlines else None
@@ -784,40 +789,70 @@ class Policy:
         return wait, fit
 
     def preempt(self) -> Revoke | None:
-        """Revoke a `normal` holder's lease if a waiting `high` tenant comes first.
+        """Revoke a `normal` holder's lease if a waiting tenant comes first: a `high` one,
+        or (short horizons) one below its request now while the holder is an elastic
+        tenant (request below its limit) above its own.
 
         "Comes first" is the order `dispatch` uses (below request, `high` first,
         largest deficit; then least used), with the holder's tenant ranked as if it
         waited, its lease in force counted: so a revocation never takes a tenant
         below its request for a `high` one above its own. A `high` holder is never
-        revoked; a `high` tenant at its limit revokes nobody."""
+        revoked; a `high` tenant at its limit revokes nobody. An elastic tenant takes
+        idle time a lease at a time (its frame's limit share, up to 50 ms): without
+        this, a tenant below its request that paused for a moment waited for all of it."""
+        self._preempt_at = None
         lease = self.lease
-        if lease is None or lease.revoked_at or not self._high:
+        if lease is None or lease.revoked_at:
             return None
         holder = self.tenants[lease.tenant]
         if holder.priority == HIGH:
             return None
+        elastic = holder.short is not None and holder.request < holder.limit
+        if not self._high and not elastic:
+            return None
         now = self.clock()
         window = self.config.window_ns
+        if elastic:
+            short = holder.short
+            assert short is not None
+            credit = short.due.level_holding(now, lease.charged_from)
+            if credit > 0:
+                # Within its request now: revoked only for a `high` tenant, until it is
+                # above its request, holding on.
+                self._note_preempt_at(now + credit * 100 // (100 - holder.request) + 1)
+                elastic = False
+        mine = self._rank(holder, now, self._usage(holder, now), lease.charged_from)
         best: tuple[int, int] | None = None
         best_tenant: Tenant | None = None
-        for tenant in self._high.values():
-            if not tenant.waiting:
+        for tenant in self.tenants.values() if elastic else self._high.values():
+            if not tenant.waiting or tenant is holder:
                 continue
             key = self._rank(tenant, now, tenant.usage.usage(now, window))
+            if tenant.priority != HIGH and (key is None or key[0] > 1):
+                # Not below its request now, or held back by its limit: when it may run.
+                short = tenant.short
+                first = next(iter(tenant.waiting.values()))
+                if key is None and short is not None and short.due.level(now, first.since) > 0:
+                    wait = self._capped_wait(tenant, short, now, self._quantum(tenant, 0), first.since, None)
+                    self._note_preempt_at(now + max(wait, RECHECK_MIN_NS))
+                continue
             if key is not None and (best is None or key < best):
                 best, best_tenant = key, tenant
         if best is None or best_tenant is None:
             return None
-        mine = self._rank(holder, now, self._usage(holder, now), lease.charged_from)
-        if mine is not None and best >= mine:
+        if mine is not None and best >= mine and not (elastic and best[0] <= 1):
             return None
+        self._preempt_at = None
         budget = self.budget_ns(holder.name)
         lease.revoked_at = now
         lease.reclaim_at = min(lease.reclaim_at, now + budget + self.config.revoke_grace_ns)
         holder.stats.revocations += 1
         next(iter(best_tenant.waiting.values())).preempted = True
         return Revoke(holder.name, lease.client, lease.lease_id, budget)
+
+    def _note_preempt_at(self, at: int) -> None:
+        if self._preempt_at is None or at < self._preempt_at:
+            self._preempt_at = at
 
     # --- helpers ---------------------------------------------------------------
 

@@ -276,6 +276,18 @@ def test_the_capped_tenant_whose_frame_ends_first_goes_first() -> None:
     assert grant is not None and grant.tenant == "a"
 
 
+def test_a_tenant_below_its_request_revokes_an_elastic_holder_above_its_own() -> None:
+    """b (60 %) works 30 ms, then pauses 5 ms; a (40 %, limit 70) is always busy. Each
+    pause lent a its frame's lease, 50 ms, and b waited for all of it: 37.5 % against
+    its 60 (the window policy: 37.3). Revoked once it is above its request, a keeps 40."""
+    tenants = [SimTenant("a", 40, 70), SimTenant("b", 60, 100, burst_ns=30 * MS, idle_ns=5 * MS)]
+    result = Simulation(CFG, tenants, keep_grants=True).run(12 * SECOND)
+    start, end = 2 * SECOND, 12 * SECOND
+    assert 100 * result.share("b", start, end) == pytest.approx(60.0, abs=0.5)
+    assert 100 * result.share("a", start, end) == pytest.approx(40.0, abs=0.5)
+    assert 100 * result.extreme_shares("b", SECOND, start, end)[0] >= 58
+
+
 def test_one_long_overrun_does_not_shorten_the_leases_after_it() -> None:
     """A process's first lease drains what it queued before it knew its kernels' length:
     here 25 ms past a 10 ms lease. One outlier is not a trend: from the fourth frame the

@@ -18,9 +18,11 @@ Rules (DESIGN.md, token_scheduler):
   allowance), its GPU time over exact 100 ms and 1 s windows stays within limit +
   allowance, it runs one lease a 100 ms frame on a grid that a late lease does not
   move (leases stay in phase, lateness is not carried), each its limit of the frame
-  on average; "below request" is credit
-  earned at the request's rate now, not a deficit over the window, so a tenant
-  back from idle neither bursts nor starves a neighbour (issue 31);
+  on average, less or more by what the frames before held over or under theirs;
+  "below request" is credit earned at the request's rate now, not a deficit over
+  the window, so a tenant back from idle neither bursts nor starves a neighbour;
+  among those below it, capped tenants in the order their frames end; an elastic
+  holder above its request is revoked for one below its own (issue 31);
 - priority buys latency, never GPU time: a waiting `high` tenant that the
   rules above would serve before the holder's tenant revokes a `normal`
   holder's lease at once (`preempt`); the holder has its in-flight budget
@@ -87,9 +89,9 @@ class PolicyConfig:
     expired_memory: int = 64  # recently expired leases kept per tenant for late releases
     # Requests and limits at short horizons (horizon.py). Off (the default for now): only
     # the window counts, and a tenant back from idle bursts, then cycles (issue 31). On
-    # the simulator the short horizons still cost tenants up to 1 pp of their request
-    # over 10 s and more over the worst second (see README, Compute quotas), so they are
-    # opt-in until that is fixed.
+    # the simulator a tenant's worst second still falls up to 3 pp short of its request
+    # with the short horizons, and a small tenant's worst 100 ms below half of it (see
+    # README, Compute quotas), so they are opt-in until that is fixed.
     short_horizon: bool = False
     # A capped tenant's GPU time over any interval of each horizon stays under its limit
     # + allowance; it runs one lease a frame of the first horizon (its limit of the frame

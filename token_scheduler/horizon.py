@@ -27,12 +27,13 @@ class RateBucket:
 
     __slots__ = ("percent", "idle_cap", "cap", "floor", "balance", "at")
 
-    def __init__(self, percent: int, idle_cap: int, cap: int, floor: int, now: int) -> None:
+    def __init__(self, percent: int, idle_cap: int, cap: int, floor: int, now: int,
+                 initial: int | None = None) -> None:
         self.percent = percent
         self.idle_cap = idle_cap
         self.cap = cap
         self.floor = floor
-        self.balance = idle_cap  # a new tenant is like one back from a long idle
+        self.balance = idle_cap if initial is None else initial  # default: as back from a long idle
         self.at = now
 
     def level(self, now: int, waiting_since: int | None) -> int:

@@ -346,7 +346,10 @@ class Policy:
         self._update_budget()
 
     def _short_horizon(self, request: int, limit: int, now: int) -> ShortHorizon:
-        """A tenant's short-horizon records, as after a long idle.
+        """A tenant's short-horizon records: its pace as after a long idle, its credit
+        toward its request only the allowance (a new tenant has waited for nothing:
+        credited as one back from idle, a `high` one that starts beside a `normal` one
+        ran first for 131 ms on that credit alone).
 
         Idle time earns little: toward the limit half the allowance, toward the request
         the allowance and the request's share of the shortest horizon (a bursty tenant,
@@ -362,7 +365,7 @@ class Policy:
         return ShortHorizon(
             RateBucket(limit, allowance // 2, self._owed_cap(limit), cfg.window_ns, now),
             RateBucket(request, allowance + request * cfg.horizons_ns[0] // 100, self._owed_cap(request),
-                       allowance + cfg.quantum_max_ns, now),
+                       allowance + cfg.quantum_max_ns, now, initial=allowance),
             Trail(max(cfg.horizons_ns)), self._frame(limit))
 
     def _frame(self, limit: int) -> Frame:

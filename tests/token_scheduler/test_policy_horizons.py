@@ -288,6 +288,17 @@ def test_a_tenant_below_its_request_revokes_an_elastic_holder_above_its_own() ->
     assert 100 * result.extreme_shares("b", SECOND, start, end)[0] >= 58
 
 
+def test_a_new_high_tenant_does_not_keep_the_token_on_credit_it_never_waited_for() -> None:
+    """A `high` and a `normal` tenant, 50 % each, start at once, both always busy. A new
+    tenant was credited as one back from a long idle (the allowance and its request's
+    share of 100 ms): the `high` one, below its request on that credit, ran first for
+    131 ms. Starting with the allowance only, b waits at most one lease, as with the
+    window policy."""
+    tenants = [SimTenant("a", 50, 100, priority="high"), SimTenant("b", 50, 100)]
+    result = Simulation(CFG, tenants, keep_grants=True).run(2 * SECOND)
+    assert result.max_wait_ns["b"] <= CFG.quantum_max_ns
+
+
 def test_one_long_overrun_does_not_shorten_the_leases_after_it() -> None:
     """A process's first lease drains what it queued before it knew its kernels' length:
     here 25 ms past a 10 ms lease. One outlier is not a trend: from the fourth frame the

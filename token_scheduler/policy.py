@@ -826,7 +826,6 @@ class Policy:
                 # above its request, holding on.
                 self._note_preempt_at(now + credit * 100 // (100 - holder.request) + 1)
                 elastic = False
-        mine = self._rank(holder, now, self._usage(holder, now), lease.charged_from)
         best: tuple[int, int] | None = None
         best_tenant: Tenant | None = None
         for tenant in self.tenants.values() if elastic else self._high.values():
@@ -845,6 +844,7 @@ class Policy:
                 best, best_tenant = key, tenant
         if best is None or best_tenant is None:
             return None
+        mine = self._rank(holder, now, self._usage(holder, now), lease.charged_from)
         if mine is not None and best >= mine and not (elastic and best[0] <= 1):
             return None
         self._preempt_at = None
@@ -982,8 +982,7 @@ class Policy:
             if carry >= 0:
                 ceiling -= carry
             else:
-                lengthened = min(share - typical - carry, share + cfg.allowance_ns - over,
-                                 share + cfg.allowance_ns - worst)
+                lengthened = min(share - typical - carry, share + cfg.allowance_ns - worst)  # worst >= over
                 ceiling = max(ceiling, lengthened)
         return int(min(max(want, cfg.quantum_min_ns), max(cfg.quantum_min_ns, ceiling)))
 

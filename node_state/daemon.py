@@ -17,6 +17,8 @@ if TYPE_CHECKING:  # NVML loads with `serve`, not when a command only builds its
 
 log = logging.getLogger(__name__)
 
+SIGNAL_POLL_S = 0.5   # the longest a stop signal waits to be seen
+
 
 class StartError(RuntimeError):
     """The daemon cannot run with this configuration on this node; the message says why."""
@@ -61,7 +63,10 @@ def serve(prog: str, logger: str, log_level: str, ignored_xids: str | None,
         return 2
     agent.start()
     try:
-        stopping.wait()
+        # In slices: the kernel may hand SIGTERM to any thread, and then Python runs the handler only
+        # once the main thread runs bytecode again; an unbounded wait would never see it.
+        while not stopping.wait(SIGNAL_POLL_S):
+            pass
     finally:
         agent.stop()
         nvml.close()

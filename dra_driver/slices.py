@@ -390,6 +390,10 @@ class SlicePublisher:
     def _parts(pools: Pools) -> dict[str, tuple[str, dict[str, Any]]]:
         return {name: (pool, part) for pool, slices_ in pools.items() for name, part in slices_.items()}
 
+    def _delete_stale(self, name: str) -> None:
+        log.info("deleting stale ResourceSlice %s", name)
+        self.api.delete_slice(name)
+
     def _sync_once(self) -> bool:
         self._hold()
         pools = self._pools()
@@ -397,22 +401,24 @@ class SlicePublisher:
         if self._node_uid is None:
             self._node_uid = self.api.node_uid(self.node)
         ours: dict[str, Slice] = {}
+        stale: list[str] = []
         for s in self.api.list_slices(self.node):
             name = s["metadata"]["name"]
             pool = s["spec"].get("pool", {}).get("name", self.node)
             if wanted.get(name, ("",))[0] == pool:
                 ours[name] = s
+            elif name in wanted:   # the name moves to another pool: it must go before that pool's write
+                self._delete_stale(name)
             else:
-                # A slice of this driver and node we do not publish now (an older driver's, or a GPU's
-                # partitions that went): our pools replace it.
-                log.info("deleting stale ResourceSlice %s", name)
-                self.api.delete_slice(name)
+                stale.append(name)
             self.generations[pool] = max(self.generations.get(pool, 0),
                                          int(s["spec"].get("pool", {}).get("generation", 0)))
         wrote = False
         for pool, slices_ in pools.items():
             if all(name in ours and self._written.get(name) == (pool, ours[name]["metadata"].get("resourceVersion"),
-                                                                 part) for name, part in slices_.items()):
+                                                                 part)
+                   and ours[name]["spec"]["pool"].get("resourceSliceCount") == len(slices_)
+                   for name, part in slices_.items()):
                 continue
             started = time.perf_counter()
             generation = self.generations.get(pool, 0) + 1   # every slice of the pool: the scheduler ignores older
@@ -431,6 +437,11 @@ class SlicePublisher:
             log.info("published pool %s (%s): %d device(s), generation %d (%.1f ms)", pool, ", ".join(slices_),
                      sum(len(p.get("devices") or ()) for p in slices_.values()), generation,
                      (time.perf_counter() - started) * 1000)
+        # A slice we no longer publish (an older driver's, or a GPU's partitions that went) goes once
+        # its pool's next generation is written: deleted first, the pool would be short of the slice
+        # count it still declares, and a scheduler (or a reader) would see it incomplete meanwhile.
+        for name in stale:
+            self._delete_stale(name)
         for name in set(self._written) - set(wanted):
             del self._written[name]
         if wrote:

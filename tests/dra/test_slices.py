@@ -82,6 +82,9 @@ class Rig:
     def stored(self) -> dict:  # type: ignore[type-arg]
         return self.server.get("resourceslices", NAME)
 
+    def stored_as(self, name: str) -> dict:  # type: ignore[type-arg]
+        return self.server.get("resourceslices", name)
+
 
 @pytest.fixture
 def rig():  # type: ignore[no-untyped-def]
@@ -348,3 +351,36 @@ def test_a_control_plane_upgraded_under_the_driver_gets_the_other_layout_at_the_
     assert p.sync() is True and p.layout == slices.WITH_DEVICES
     assert set(stored) == {NAME, GPU0} and stored[GPU0]["spec"]["sharedCounters"] == [COUNTER_SET]
     assert stored[GPU0]["spec"]["pool"] == {"name": POOL, "generation": 3, "resourceSliceCount": 1}
+
+
+def test_a_slice_that_goes_is_deleted_only_after_its_pools_next_generation_is_written(rig, tmp_path):
+    """A GPU's partitions leave (1.36: its counter set had a slice of its own): the GPU's slice is rewritten,
+    one slice to the pool now, before the counter set's slice goes. Deleted first, the pool would declare
+    two slices and hold one, incomplete to a scheduler (and to a test that waits for the set to go)."""
+    rig.server.version = "1.36.3"
+    pools = partitioned()
+    p = rig.publisher(tmp_path, build=lambda: pools)
+    p.sync()
+    assert f"{GPU0}-counters" in rig.server.objects["resourceslices"]
+    pools = {**pools, POOL: {GPU0: {"devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}]}}}
+    del rig.server.requests[:]
+    assert p.sync() is True
+    writes = [(r.method, r.path.rsplit("/", 1)[-1]) for r in rig.server.requests if r.method in ("PUT", "DELETE")]
+    assert writes == [("PUT", GPU0), ("DELETE", f"{GPU0}-counters")]
+    assert rig.stored_as(GPU0)["spec"]["pool"] == {"name": POOL, "generation": 2, "resourceSliceCount": 1}
+    assert set(rig.server.objects["resourceslices"]) == {NAME, GPU0}
+
+
+def test_a_pool_that_loses_a_slice_is_rewritten_with_its_new_count_even_if_the_rest_is_unchanged(rig, tmp_path):
+    """A pool of two slices loses one whose neighbour stays as it was: that slice still gets the next
+    generation and a count of one, else the pool would declare a slice that is gone."""
+    gpu0 = {"devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}]}
+    other = {"devices": [{"name": "gpu-0-b", "attributes": {"type": {"string": "gpu"}}}]}
+    pools = {NODE: partitioned()[NODE], POOL: {GPU0: gpu0, f"{GPU0}-b": other}}
+    p = rig.publisher(tmp_path, build=lambda: pools)
+    p.sync()
+    assert rig.stored_as(GPU0)["spec"]["pool"] == {"name": POOL, "generation": 1, "resourceSliceCount": 2}
+    pools = {NODE: partitioned()[NODE], POOL: {GPU0: gpu0}}
+    assert p.sync() is True
+    assert rig.stored_as(GPU0)["spec"]["pool"] == {"name": POOL, "generation": 2, "resourceSliceCount": 1}
+    assert set(rig.server.objects["resourceslices"]) == {NAME, GPU0}

@@ -10,6 +10,7 @@ the run (a lease still running at the end is not recorded yet).
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -199,12 +200,25 @@ def test_idle_time_earns_only_the_allowance() -> None:
 def test_the_100ms_horizon_holds_back_a_second_lease() -> None:
     """10 % + the allowance is 18 ms per 100 ms: a second 10 ms lease must wait until
     2 ms of the first have left the 100 ms before its end, 82 ms after the first ended
-    (its pace alone would allow it after 50 ms)."""
-    policy, clock = make(("b", 10, 10))
+    (its pace alone would allow it after 50 ms). The limits fill the GPU (an idle 85 %
+    tenant beside it), so its next frame may start the allowance early, at 92 ms, too."""
+    policy, clock = make(("b", 10, 10), ("idle", 85, 85))
     assert hold(policy, clock, "b") == 10 * MS
     policy.request("b", b"1", 0)
     assert policy.dispatch() is None
     assert policy.next_deadline() == clock.now + 82 * MS
+
+
+def test_with_room_to_spare_a_frame_starts_an_eighth_of_its_share_early_at_most() -> None:
+    """Alone, a 10 % tenant's limits leave the GPU idle 90 % of the time: its next lease
+    waits for its next frame but 1.25 ms (an eighth of its 10 ms), 88.75 ms after the first
+    ended, not the allowance early (where a neighbour's hold happened to end), which would
+    leave 108 ms between two leases and a 100 ms interval with 2 of its 10 ms."""
+    policy, clock = make(("b", 10, 10))
+    assert hold(policy, clock, "b") == 10 * MS
+    policy.request("b", b"1", 0)
+    assert policy.dispatch() is None
+    assert policy.next_deadline() == clock.now + 88_750_000
 
 
 def serve(policy: Policy, clock: FakeClock, tenant: str, holds: list[Callable[[int], int]],
@@ -234,10 +248,24 @@ def whole(quantum: int) -> int:
 @pytest.mark.parametrize(("late_ms", "starts"), [(5, [0, 105, 197, 292, 392, 492]),
                                                  (30, [0, 130, 222, 322, 422, 522])])
 def test_a_lease_served_late_keeps_its_frame_on_the_grid(late_ms: int, starts: list[int]) -> None:
-    """10 % is 10 ms a 100 ms frame. Served 5 ms late, the frame stays on the grid: the
-    100 ms horizon holds the next lease back 5 ms less the allowance's room, the one
-    after is in phase again (8 ms early: a lease may start that much before its frame).
-    Served later than a quarter frame, its phase moves to where it was served."""
+    """10 % is 10 ms a 100 ms frame; the limits fill the GPU (an idle 85 % tenant beside
+    it). Served 5 ms late, the frame stays on the grid: the 100 ms horizon holds the next
+    lease back 5 ms less the allowance's room, the one after is in phase again (8 ms early:
+    a lease may start that much before its frame). Served later than a quarter frame, its
+    phase moves to where it was served."""
+    policy, clock = make(("b", 10, 10), ("idle", 85, 85))
+    served = serve(policy, clock, "b", [whole] * 6, {1: (100 + late_ms) * MS})
+    assert [start for start, _ in served] == starts
+
+
+@pytest.mark.parametrize(("late_ms", "starts"), [(2, [0, 102, 198.75, 298.75, 398.75, 498.75]),
+                                                 (5, [0, 105, 203.75, 303.75, 403.75, 503.75])])
+def test_with_room_to_spare_a_lease_served_late_moves_its_grid_past_a_quarter_of_its_share(
+        late_ms: int, starts: list[float]) -> None:
+    """Alone, a 10 % tenant keeps its grid within a quarter of its share (2.5 ms): served 2 ms
+    late it stays in phase, its next lease 1.25 ms early (an eighth of its share); served 5 ms
+    late, its grid moves there, so that a neighbour that keeps running that late into its
+    grid point does not make every other gap between its leases 5 ms longer."""
     policy, clock = make(("b", 10, 10))
     served = serve(policy, clock, "b", [whole] * 6, {1: (100 + late_ms) * MS})
     assert [start for start, _ in served] == starts
@@ -245,8 +273,9 @@ def test_a_lease_served_late_keeps_its_frame_on_the_grid(late_ms: int, starts: l
 
 def test_a_lease_holds_its_frames_share_past_its_overrun() -> None:
     """Holders that run 3 ms past every lease get leases of 7 ms: 10 ms a frame. The first
-    frame's 3 ms over is made up in the second (4 ms + 3): 20 ms in two frames."""
-    policy, clock = make(("b", 10, 10))
+    frame's 3 ms over is made up in the second (4 ms + 3): 20 ms in two frames. (The limits
+    fill the GPU, as above: frames start up to the allowance early.)"""
+    policy, clock = make(("b", 10, 10), ("idle", 85, 85))
     served = serve(policy, clock, "b", [lambda q: q + 3 * MS] * 5)
     assert served == [(0, 10), (95, 4), (192, 7), (292, 7), (392, 7)]
 
@@ -311,12 +340,13 @@ def test_one_long_overrun_does_not_shorten_the_leases_after_it() -> None:
 
 def test_a_capped_tenant_whose_work_ends_just_before_its_lease_keeps_its_share() -> None:
     """A 40 % process that reaches a synchronize at 90 % of every lease and asks again at
-    once is saturating: its leases grow to 44-45 ms, 40 ms held a frame. Sampled as its
+    once is saturating: within a second its leases grow to 44-45 ms, 40 ms held a frame. Sampled as its
     burst, each hold made the next lease 10 % shorter (5 ms after a second)."""
     policy, clock = make(("a", 40, 40))
     served = serve(policy, clock, "a", [lambda q: q * 9 // 10] * 12)
-    assert all(39 <= quantum * 0.9 <= 41 for _, quantum in served[7:]), served
-    assert [start for start, _ in served[7:]] == [392, 492, 592, 692, 792]
+    assert all(39 <= quantum * 0.9 <= 41 for _, quantum in served[9:]), served
+    starts = [start for start, _ in served[8:]]
+    assert [b - a for a, b in itertools.pairwise(starts)] == [100, 100, 100], served   # one lease a frame
 
 
 def test_a_lease_that_ended_early_leaves_the_rest_of_its_frame() -> None:
@@ -334,7 +364,7 @@ def test_stats_count_the_token_free_while_tenants_wait_held_back() -> None:
     back by its horizons (what the simulator's shortfall was measured with); time the
     token is lent, or a tenant does not wait, counts nothing."""
     policy, clock = make(("b", 10, 10), ("c", 10, 10))
-    hold(policy, clock, "b")  # b's next lease may start 82 ms later
+    hold(policy, clock, "b")  # b's next lease may start 88.75 ms later (its frame's, 1.25 ms early)
     policy.request("b", b"1", 0)
     assert policy.dispatch() is None
     clock.advance(30 * MS)
@@ -349,10 +379,10 @@ def test_stats_count_the_token_free_while_tenants_wait_held_back() -> None:
     grant = policy.dispatch()
     assert grant is not None and grant.tenant == "b"
     stats = policy.stats()
-    assert stats["held_back_ms"] == 30 + 42
+    assert stats["held_back_ms"] == 30 + 48.75
     tenants = stats["tenants"]
     assert isinstance(tenants, dict)
-    assert tenants["b"]["held_back_ms"] == 72 and tenants["c"]["held_back_ms"] == 0
+    assert tenants["b"]["held_back_ms"] == 78.75 and tenants["c"]["held_back_ms"] == 0
 
 
 def test_waiting_behind_others_is_owed_but_idling_is_not() -> None:

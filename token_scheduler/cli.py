@@ -59,9 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--short-horizon", choices=["on", "off"], default="off",
                         help="on: hold requests and limits over any 100 ms and any 1 s, not only over "
                              "--window: a tenant back from idle neither bursts past its limit nor "
-                             "starves a neighbour within its request (on the simulator a tenant's "
-                             "worst second still falls up to 3 pp short of its request); off: the "
-                             "window alone (default off)")
+                             "starves a neighbour within its request (on the simulator, three tenants "
+                             "whose limits fill the GPU still miss their request - 2 pp in their worst "
+                             "second by up to 0.3 pp); off: the window alone (default off)")
     parser.add_argument("--allowance", type=_duration, default="8ms",
                         help="with --short-horizon on, what a capped tenant may run over its limit in "
                              "any 100 ms or 1 s, and the credit idle time earns (default 8ms)")

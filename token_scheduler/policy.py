@@ -89,9 +89,9 @@ class PolicyConfig:
     expired_memory: int = 64  # recently expired leases kept per tenant for late releases
     # Requests and limits at short horizons (horizon.py). Off (the default for now): only
     # the window counts, and a tenant back from idle bursts, then cycles (issue 31). On
-    # the simulator a tenant's worst second still falls up to 3 pp short of its request
-    # with the short horizons, and a small tenant's worst 100 ms below half of it (see
-    # README, Compute quotas), so they are opt-in until that is fixed.
+    # the simulator, three tenants whose limits fill the GPU still miss their request
+    # - 2 pp in their worst second by up to 0.3 pp, and the smallest half its request in
+    # its worst 100 ms (see README, Compute quotas), so they are opt-in until that is fixed.
     short_horizon: bool = False
     # A capped tenant's GPU time over any interval of each horizon stays under its limit
     # + allowance; it runs one lease a frame of the first horizon (its limit of the frame

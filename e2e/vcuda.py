@@ -194,7 +194,8 @@ class Install:
         return out.returncode == 0
 
     def install(self, timeout: float = 240) -> float:
-        """Label the node, helm install, wait for every pod Ready; seconds from the label to Ready.
+        """Label the node, helm install, wait for every pod Ready and the webhook answering; seconds from
+        the label to then.
 
         The label goes first: right after an uninstall, 1.36's DaemonSet controller was seen to miss the
         label that came just after the DaemonSet (desired 0 until the next node update)."""
@@ -204,9 +205,31 @@ class Install:
         self.cluster.kubectl("label", "node", cluster_tool.NODE, f"{key}={value}", "--overwrite")
         self.cluster.helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace", *sets)
         self.wait_ready(timeout)
+        ready = time.monotonic() - started
+        if self.has_webhook():
+            wait_for("the webhook setting a dry-run pod's schedulerName", self.webhook_answers,
+                     timeout=max(30.0, timeout - ready), every=0.2, explain=self.diagnose)
         took = time.monotonic() - started
-        self.say(f"installed and Ready in {took:.1f} s")
+        self.say(f"installed and Ready in {ready:.1f} s, webhook answering at {took:.1f} s")
         return took
+
+    def has_webhook(self) -> bool:
+        """The chart's webhook is on (it needs the extender, which serves it): chart defaults unless set."""
+        v = self.values()
+        return v.get("webhook.enabled", "true") == "true" and v.get("extender.enabled", "true") == "true"
+
+    def webhook_answers(self) -> bool:
+        """A dry-run pod asking for vcuda-core comes back with vcuda-scheduler as its scheduler.
+
+        Every pod Ready is not yet the webhook answering: the API server reaches it through its Service,
+        whose endpoint follows the extender's readiness (kube-proxy then programs it). Meanwhile, with
+        failurePolicy Ignore, a pod is admitted unchanged (a CI run saw one, right after an install)."""
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "vcuda-webhook-probe", "namespace": "default"},
+               "spec": {"containers": [{"name": "c", "image": WORKLOAD_IMAGE, "resources": {
+                   "limits": {"tencent.com/vcuda-core": "1", "tencent.com/vcuda-memory": "1"}}}]}}
+        out = self.cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input_=json.dumps(pod),
+                                   check=False)
+        return out.returncode == 0 and json.loads(out.stdout)["spec"].get("schedulerName") == "vcuda-scheduler"
 
     def uninstall(self, timeout: float = 120) -> None:
         """helm uninstall, then the node label off; waits for the release's pods to be gone (helm's --wait

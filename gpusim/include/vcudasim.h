@@ -47,7 +47,9 @@
  *    returned once released and unmapped; each context the configured
  *    overhead, taken as its creation starts: creating a context then takes
  *    VCUDA_SIM_CTX_CREATE_US (read at cuInit; default 0, at most 10 s), during
- *    which other processes run. CUDA arrays: Width * max(Height,1) * max(Depth,1) *
+ *    which other processes run. Likewise nvmlDeviceGetMemoryInfo (and _v2)
+ *    waits VCUDA_SIM_NVML_MEMINFO_US (read at nvmlInit; default 0, at most
+ *    10 s) before it reads. CUDA arrays: Width * max(Height,1) * max(Depth,1) *
  *    NumChannels * element size (1: [UN]SIGNED_INT8, UNORM/SNORM_INT8X*,
  *    UNORM_INT_101010_2; 2: [UN]SIGNED_INT16, HALF, UNORM/SNORM_INT16X*;
  *    4: [UN]SIGNED_INT32, FLOAT; other formats are refused with

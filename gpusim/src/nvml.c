@@ -77,6 +77,9 @@ NVML_EXPORT const char *nvmlErrorString(nvmlReturn_t result);
 static pthread_mutex_t nmu = PTHREAD_MUTEX_INITIALIZER;
 static struct sim_shared *nsh;
 static unsigned init_count;
+/* VCUDA_SIM_NVML_MEMINFO_US at nvmlInit: how long nvmlDeviceGetMemoryInfo takes before it reads
+ * (tests put another process's work between a process's NVML reads). */
+static uint64_t meminfo_ns;
 
 struct nvml_device {
     uint32_t magic;
@@ -94,6 +97,15 @@ NVML_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
         rc = NVML_ERROR_NOT_SUPPORTED;
     } else if (!nsh) {
         char path[4096], err[1024];
+        const char *delay = getenv("VCUDA_SIM_NVML_MEMINFO_US");
+        char *end = NULL;
+        unsigned long long delay_us = delay && *delay ? strtoull(delay, &end, 10) : 0;
+        if ((end && *end) || delay_us > 10000000) {
+            fprintf(stderr, "vcuda-sim (nvml): VCUDA_SIM_NVML_MEMINFO_US must be 0..10000000, not %s\n", delay);
+            pthread_mutex_unlock(&nmu);
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        meminfo_ns = delay_us * 1000;
         nsh = sim_state_open(sim_state_path(path, sizeof path), true, err, sizeof err);
         if (!nsh) {
             fprintf(stderr, "vcuda-sim (nvml): %s\n", err);
@@ -329,6 +341,8 @@ static unsigned covered(const struct sim_shared *sh, unsigned phys, unsigned *ou
 
 static nvmlReturn_t memory(nvmlDevice_t device, uint64_t *total, uint64_t *used)
 {
+    if (meminfo_ns)
+        sim_sleep_until(sim_now_ns() + meminfo_ns, 0);
     struct sim_shared *sh;
     unsigned i, phys[1 + SIM_MIG_MAX];
     nvmlReturn_t rc = target_of(device, &sh, &i);

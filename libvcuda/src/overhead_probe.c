@@ -12,9 +12,14 @@
 
 #define SANITY_MAX (16ull << 30)
 
+/* Reads of the process list and the free memory until a list read before the free memory
+ * agrees with one read after it. */
+#define PROBE_TRIES 8
+
 void vcuda_probe_clear(struct vcuda_overhead_probe *p) {
     p->free = UINT64_MAX;
     p->nprocs = -1;
+    p->settled = false;
 }
 
 static bool device_handle(CUdevice ordinal, nvmlDevice_t *dev) {
@@ -41,23 +46,48 @@ static int process_list(nvmlDevice_t dev, struct vcuda_overhead_probe *p) {
     return (int)n;
 }
 
+static int find(const struct vcuda_overhead_probe *p, unsigned pid) {
+    for (int i = 0; i < p->nprocs; i++)
+        if (p->pid[i] == pid) return i;
+    return -1;
+}
+
+/* The same processes holding the same memory (in any order). */
+static bool same_list(const struct vcuda_overhead_probe *a, const struct vcuda_overhead_probe *b) {
+    if (a->nprocs != b->nprocs) return false;
+    for (int i = 0; i < a->nprocs; i++) {
+        int j = find(b, a->pid[i]);
+        if (j < 0 || b->used[j] != a->used[i]) return false;
+    }
+    return true;
+}
+
 void vcuda_probe_take(CUdevice ordinal, struct vcuda_overhead_probe *p) {
     vcuda_probe_clear(p);
     nvmlDevice_t dev;
     nvmlMemory_t mem;
     if (!device_handle(ordinal, &dev) || !vcuda_real_nvml.nvmlDeviceGetMemoryInfo) return;
-    /* The list first: a process that comes between the two reads is then
-     * counted new after, rather than its context taken for ours. */
-    int n = process_list(dev, p);
-    if (vcuda_real_nvml.nvmlDeviceGetMemoryInfo(dev, &mem) != NVML_SUCCESS) return;
-    p->free = mem.free;
-    p->nprocs = n;
-}
-
-static int find(const struct vcuda_overhead_probe *p, unsigned pid) {
-    for (int i = 0; i < p->nprocs; i++)
-        if (p->pid[i] == pid) return i;
-    return -1;
+    /* The free memory between two reads of the list that agree. A process that took memory
+     * between a list and the free memory would be in the one and not in the other: after our
+     * creation, its context taken for ours (both charged to us, and recorded for every later
+     * process of the container); before it, left out of the drop but counted new. The list
+     * first when they never agree: a process that comes after it is then counted new after,
+     * rather than its context taken for ours. */
+    struct vcuda_overhead_probe again;
+    for (int tries = 0; tries < PROBE_TRIES; tries++) {
+        int n = process_list(dev, p);
+        if (vcuda_real_nvml.nvmlDeviceGetMemoryInfo(dev, &mem) != NVML_SUCCESS) {
+            vcuda_probe_clear(p);
+            return;
+        }
+        p->free = mem.free;
+        p->nprocs = n;
+        again.nprocs = process_list(dev, &again);
+        if (n < 0 || same_list(p, &again)) {
+            p->settled = true;
+            return;
+        }
+    }
 }
 
 /* What the processes other than the new ones took meanwhile (negative: gave
@@ -104,6 +134,7 @@ bool vcuda_probe_overhead(const struct vcuda_overhead_probe *before,
         taken /= fresh;
         *exact = false;
     }
+    if (!before->settled || !after->settled) *exact = false; /* others kept changing: not for later */
     if (taken <= 0 || (uint64_t)taken > SANITY_MAX) return false;
     *bytes = (uint64_t)taken;
     return true;

@@ -15,6 +15,7 @@ struct vcuda_overhead_probe {
     int nprocs;    /* processes on the device; -1: no list (too many, or NVML cannot) */
     unsigned pid[VCUDA_PROBE_PROCS];
     uint64_t used[VCUDA_PROBE_PROCS]; /* NVML_VALUE_NOT_AVAILABLE where NVML hides it */
+    bool settled;  /* the list read just after the free memory was the same */
 };
 
 /* A view that measures nothing (the overhead is already known). */
@@ -23,8 +24,8 @@ void vcuda_probe_take(CUdevice ordinal, struct vcuda_overhead_probe *p);
 
 /* The bytes one context creation between `before` and `after` took, or false
  * when the views cannot tell. *exact is false when other processes created
- * contexts meanwhile: the figure is then their average, good to charge but
- * not to record for later processes. */
+ * contexts meanwhile (the figure is then their average), or when a view never
+ * settled: good to charge but not to record for later processes. */
 bool vcuda_probe_overhead(const struct vcuda_overhead_probe *before,
                           const struct vcuda_overhead_probe *after, uint64_t *bytes, bool *exact);
 

@@ -80,6 +80,38 @@ def test_two_containers_starting_at_once_each_charge_one_context(children: Child
     assert device(a.ledger).context_overhead == OVERHEAD
 
 
+def test_a_context_created_between_two_nvml_reads_is_not_taken_for_ours(children: Children, sim: SimConfig,
+                                                                         tmp_path: Path) -> None:
+    """A's view after its creation reads the process list, then the free memory, which takes a second
+    here (VCUDA_SIM_NVML_MEMINFO_US). B's context comes inside that second: in the free memory, not in
+    the list. Read once, A took B's context for part of its own, charged both and recorded that for
+    every later process of its container (a reconciler test saw 128 MiB charged for a 64 MiB context)."""
+    a = Container("a", tmp_path / "a.ledger", offset=0)
+    b = Container("b", tmp_path / "b.ledger", offset=0)
+    slow_read = {"VCUDA_SIM_NVML_MEMINFO_US": "2000000"}
+    pa = children.spawn("init", "ready", "primary", "0", "ready", env={**a.env(GiB), **SLOW, **slow_read})
+    children.ready(pa)
+    start_creating(sim, pa)
+    # A's creation ends a second from now; its view after it then waits two seconds for the free
+    # memory: B's context comes in the middle of that.
+    time.sleep(1.5)
+    pb = children.spawn("init", "primary", "0", "ready", env=b.env(GiB))
+    assert lines(children.ready(pb), "primary")[0].rc == 0
+    assert lines(children.ready(pa), "primary")[0].rc == 0
+    assert device(b.ledger).used == OVERHEAD
+    assert device(a.ledger).used == OVERHEAD
+    assert device(a.ledger).context_overhead == 0  # two new contexts in its view: not recorded
+
+
+def test_slow_nvml_memory_reads_are_a_simulator_setting_with_a_range(sim_tool: Path, sim: SimConfig,
+                                                                      tmp_path: Path) -> None:
+    """The shim's first context measurement starts the simulator's NVML, which refuses the setting."""
+    a = Container("a", tmp_path / "a.ledger", offset=0)
+    proc = subprocess.run([str(sim_tool), "init", "primary", "0"], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, **sim.env(), **a.env(GiB), "VCUDA_SIM_NVML_MEMINFO_US": "later"})
+    assert "VCUDA_SIM_NVML_MEMINFO_US must be 0..10000000, not later" in proc.stderr
+
+
 def test_a_neighbour_allocating_meanwhile_is_not_charged_to_the_new_context(
         children: Children, sim: SimConfig, tmp_path: Path) -> None:
     a = Container("a", tmp_path / "a.ledger", offset=0)

@@ -36,10 +36,13 @@ def test_ledger_slots_map_namespaced_host_pids(children: Children, fake_proc: Fa
     uuid = nvml.gpu(0).uuid
     a = Container("a", tmp_path / "a.ledger", offset=100_000)
     b = Container("b", tmp_path / "b.ledger", offset=200_000)
+    # One after the other: each shim measures its own context then, with no neighbour starting beside
+    # it (a context measured beside others is charged their average; test_context_overhead.py).
     pa = children.spawn(*lazy("300Mi"), env=a.env(GiB))
+    held = {pa.pid: mem(lines(children.ready(pa), "mem")[0]).total}
     pb = children.spawn(*lazy("100Mi"), env=b.env(GiB))
+    held[pb.pid] = mem(lines(children.ready(pb), "mem")[0]).total
     host = children.spawn("init", "primary", "0", "alloc", "50M", "ready")  # no vcuda account
-    held = {p.pid: mem(lines(children.ready(p), "mem")[0]).total for p in (pa, pb)}
     children.ready(host)
     fake_proc.add(pa.pid, pa.pid + a.offset)
     fake_proc.add(pb.pid, pb.pid + b.offset)

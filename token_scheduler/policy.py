@@ -835,7 +835,7 @@ class Policy:
     def preempt(self) -> Revoke | None:
         """Revoke a `normal` holder's lease if a waiting tenant comes first: a `high` one,
         or (short horizons) one below its request now while the holder is an elastic
-        tenant (request below its limit) above its own.
+        tenant (request below its limit) above its own that held the shortest lease.
 
         "Comes first" is the order `dispatch` uses (below request, `high` first,
         largest deficit; then least used), with the holder's tenant ranked as if it
@@ -860,10 +860,15 @@ class Policy:
             short = holder.short
             assert short is not None
             credit = short.due.level_holding(now, lease.charged_from)
-            if credit > 0:
+            # And not before it held the shortest lease: tenants that all hover at their
+            # requests would otherwise revoke each other in turn, each as soon as the other
+            # went just above its own (leases of microseconds on the fake clock, a drain
+            # each on a GPU).
+            shortest = lease.granted_at + self.config.quantum_min_ns
+            if credit > 0 or now < shortest:
                 # Within its request now: revoked only for a `high` tenant, until it is
                 # above its request, holding on.
-                self._note_preempt_at(now + credit * 100 // (100 - holder.request) + 1)
+                self._note_preempt_at(max(now + max(0, credit) * 100 // (100 - holder.request) + 1, shortest))
                 elastic = False
         best: tuple[int, int] | None = None
         best_tenant: Tenant | None = None

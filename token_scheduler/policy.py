@@ -242,6 +242,9 @@ class Lease:
     # Charged from here: the grant, or the end of the previous holder's work when that
     # holder released before its work completed (its tail ran into this lease).
     charged_from: int = 0
+    # Lent while every waiting tenant was held back (`_filler`): outside the holder's
+    # frames, never renewed.
+    filler: bool = False
 
 
 @dataclass
@@ -326,6 +329,7 @@ class Policy:
         # a capped tenant keeps to its grid closely (`_early`, `_late_tolerance`).
         self._frames_have_room = True
         self._charged_until = 0  # the last released holder's work ran (was charged) until then
+        self._last_holder: str | None = None  # whose lease ended last
         # The token free while tenants wait, each held back by its limit (or short horizons):
         # since when, and who (closed at the next dispatch); the total so far.
         self._held_back_since: int | None = None
@@ -501,10 +505,10 @@ class Policy:
             tail = min(max(held_ns - observed, 0), self.budget_ns(tenant_name))
             held = min(max(held_ns, 0), observed + tail)
             # Charge what the scheduler saw: an idle holder still blocked others.
-            self._charge(tenant, lease.charged_from, now + tail)
+            self._charge(tenant, lease.charged_from, now + tail, lease.filler)
             self._charged_until = now + tail
             self._note_overrun(tenant, held, lease.quantum_ns)
-            if not lease.revoked_at:  # a revoked hold was cut short: it says nothing of the burst
+            if not lease.revoked_at and not lease.filler:  # cut short: it says nothing of the burst
                 self._learn_burst(tenant, held, lease.quantum_ns, more)
                 slack = now + tail - lease.charged_from - lease.quantum_ns
                 # Not a lease that ended a quarter early or more: its frame's rest makes up for
@@ -555,7 +559,7 @@ class Policy:
             at_limit = self._capped_wait(tenant, tenant.short, now, quantum, None, lease.charged_from) > 0
         else:
             at_limit = False
-        if at_limit or lease.revoked_at or not self._holder_comes_first(tenant, now):
+        if at_limit or lease.revoked_at or lease.filler or not self._holder_comes_first(tenant, now):
             tenant.stats.renew_denied += 1
             raise PolicyError(ErrorCode.RENEW_DENIED, "others waiting or at limit", lease_id)
         lease.expires_at = now + quantum
@@ -572,7 +576,7 @@ class Policy:
         tenant.waiting.pop(client, None)
         lease = self.lease
         if lease is not None and lease.tenant == tenant_name and lease.client == client:
-            self._charge(tenant, lease.charged_from, max(lease.charged_from, self.clock()))
+            self._charge(tenant, lease.charged_from, max(lease.charged_from, self.clock()), lease.filler)
             self.lease = None
 
     def client_state(self, tenant_name: str, client: ClientId) -> tuple[int, int]:
@@ -621,6 +625,12 @@ class Policy:
             self._note_held_back(now)
         self._recheck_at = None
         tenant, quantum, recheck = self._pick_short(now) if self.config.short_horizon else self._pick(now)
+        filler = False
+        if tenant is None and recheck is not None and self.config.short_horizon:
+            tenant, quantum = self._filler(now, recheck)
+            # Outside its frames unless its next frame may start: then the frame's (short)
+            # lease, else the frame would never start again while fillers kept coming.
+            filler = tenant is not None and tenant.short is not None and not self._frame_due(tenant.short, now)
         if tenant is None:
             self._recheck_at = recheck
             if recheck is not None:  # the token stays free while someone waits
@@ -630,14 +640,15 @@ class Policy:
         client, waiter = tenant.waiting.popitem(last=False)
         if tenant.short is not None:
             tenant.short.settle(now, waiter.since)
-            if tenant.limit < 100:
+            if tenant.limit < 100 and not filler:
                 tenant.short.frame.start(now, self._early(tenant.short), self._late_tolerance(tenant.short),
-                                         waiter.since, tenant.short.due.balance > 0)
+                                         waiter.since, tenant.short.due.balance > 0,
+                                         self._last_holder not in (None, tenant.name))
         lease_id = (self.epoch << 32) | self._next_lease
         self._next_lease = self._next_lease % 0xFFFFFFFF + 1
         self.lease = Lease(tenant.name, client, lease_id, now, now + quantum, quantum,
                            now + quantum + self.config.grace_ns,
-                           charged_from=max(now, self._charged_until))
+                           charged_from=max(now, self._charged_until), filler=filler)
         stats = tenant.stats
         stats.grants += 1
         waited = now - waiter.since
@@ -738,6 +749,45 @@ class Policy:
             if best is None or key < best[0]:
                 best = (key, tenant, lease)
         return (best[1], best[2], None) if best else (None, 0, recheck)
+
+    def _filler(self, now: int, until: int) -> tuple[Tenant | None, int]:
+        """Every waiting tenant is held back by its frame or pace until `until` at the
+        earliest: lend the token meanwhile to one below its limit over the last of every
+        horizon, for at most that long and only up to its limit there (the allowance too
+        over the shortest), its expected overrun counted (None: none has room for the
+        shortest lease). The frames keep a capped
+        tenant's leases in phase, and with them its share of every 100 ms; they also left
+        the GPU idle while it was below its limit: an elastic tenant whose frame is one
+        longest lease (52 % in 96 ms frames) beside a 48/48 one ran 50 ms in every 100 ms,
+        the GPU 98 % busy. The lease is outside the frames, and the tenant below its request
+        now comes first, then the one with the most room."""
+        cfg = self.config
+        best: tuple[tuple[int, int], Tenant, int] | None = None
+        for tenant in self.tenants.values():
+            short = tenant.short
+            if not tenant.waiting or short is None or not tenant.request < tenant.limit < 100:
+                continue
+            first = next(iter(tenant.waiting.values()))
+            if short.pace.ns_until_even(now, first.since) > 0:
+                continue  # at its limit's rate, not only off its grid
+            # Room for its expected overrun, as a lease leaves (`_capped_fit`).
+            fit = until - now - (self._typical_overrun(tenant) + self._worst_overrun(tenant)) // 2
+            for horizon in cfg.horizons_ns:
+                # At most the limit over the longest horizon: a tenant at its limit there is
+                # not lent more; over the shorter ones, the allowance too, as a lease.
+                cap = tenant.limit * horizon // 100 + (cfg.allowance_ns if horizon < max(cfg.horizons_ns) else 0)
+                fit = min(fit, cap - short.trail.held_since(now - horizon))
+            if fit < cfg.quantum_min_ns:
+                continue
+            key = (0 if short.due.level(now, first.since) > 0 else 1, -fit)
+            if best is None or key < best[0]:
+                best = (key, tenant, fit)
+        return (best[1], best[2]) if best else (None, 0)
+
+    def _frame_due(self, short: ShortHorizon, now: int) -> bool:
+        """Whether a grant now would begin the tenant's next frame (`Frame.start`)."""
+        frame = short.frame
+        return frame.at is None or now >= frame.at + frame.length - self._early(short)
 
     def _early(self, short: ShortHorizon) -> int:
         """How early a capped tenant may start its next frame's lease (it counts in that frame).
@@ -1047,11 +1097,12 @@ class Policy:
             return max(overruns, default=0)
         return sorted(overruns)[-2]
 
-    def _charge(self, tenant: Tenant, start: int, end: int) -> None:
-        """The tenant held the GPU over [start, end]."""
+    def _charge(self, tenant: Tenant, start: int, end: int, filler: bool = False) -> None:
+        """The tenant held the GPU over [start, end] (a `filler` lease: not in its frame)."""
+        self._last_holder = tenant.name
         tenant.usage.add(start, end)
         if tenant.short is not None:
-            tenant.short.charge(start, end)
+            tenant.short.charge(start, end, in_frame=not filler)
 
     def _learn_burst(self, tenant: Tenant, held: int, quantum: int, more: bool) -> None:
         # A burst that filled its quantum and wants more was cut short: its true
@@ -1073,7 +1124,7 @@ class Policy:
     def _expire(self, lease: Lease, now: int) -> None:
         tenant = self.tenants[lease.tenant]
         end = min(now, lease.reclaim_at)
-        self._charge(tenant, lease.charged_from, max(lease.charged_from, end))
+        self._charge(tenant, lease.charged_from, max(lease.charged_from, end), lease.filler)
         tenant.stats.expiries += 1
         if lease.revoked_at:
             tenant.stats.revoke_reclaims += 1

@@ -108,7 +108,7 @@ def test_frame_wait(desc: str, frame: Frame, now: int, used: int, wait: int) -> 
      ("late within the tolerance: on the grid, 1 ms under", frame_at(0, 9 * MS), 125 * MS, 90 * MS, 100 * MS, -MS),
      ("later: where it is served, owed its share of 30 ms", frame_at(0, 10 * MS), 130 * MS, 90 * MS, 130 * MS,
       -3 * MS),
-     ("much later: owed at most the allowance", frame_at(0, 10 * MS), 900 * MS, 90 * MS, 900 * MS, -8 * MS),
+     ("much later: owed at most the carry cap", frame_at(0, 10 * MS), 900 * MS, 90 * MS, 900 * MS, -8 * MS),
      ("back from idle: where it is served, no carry", frame_at(0, 13 * MS), 5000 * MS, 4990 * MS, 5000 * MS, 0)],
 )
 def test_frame_start(desc: str, frame: Frame, now: int, since: int, at: int, carry: int) -> None:
@@ -116,6 +116,17 @@ def test_frame_start(desc: str, frame: Frame, now: int, since: int, at: int, car
     frame.start(now, 8 * MS, 25 * MS, since, True)
     assert (frame.at, frame.carry) == (at, carry)
     assert frame.used == (used if desc.startswith("within") else 0)
+
+
+def test_a_frame_served_late_behind_another_tenant_is_owed_twice_the_carry_cap() -> None:
+    """Late because another tenant held the token (not its own pace): owed up to twice the
+    carry cap (the policy's allowance), so that the lease after it makes up more of it."""
+    frame = frame_at(0, 10 * MS)
+    frame.start(900 * MS, 8 * MS, 25 * MS, 90 * MS, True, behind_other=True)
+    assert (frame.at, frame.carry) == (900 * MS, -16 * MS)
+    frame = frame_at(0, 10 * MS)
+    frame.start(130 * MS, 8 * MS, 25 * MS, 90 * MS, True, behind_other=True)
+    assert frame.carry == -3 * MS  # what it is owed, when less
 
 
 def test_a_frame_served_late_above_its_request_owes_nothing() -> None:

@@ -473,3 +473,72 @@ def test_elastic_tenants_at_their_requests_do_not_revoke_each_other_in_turn() ->
     assert grants * SECOND // (end - start) <= SECOND // config.quantum_min_ns, f"{grants // 2} grants a second"
     for tenant, (request, _) in zip(tenants, quotas, strict=True):
         assert 100 * result.share(tenant.name, start, end) == pytest.approx(request, abs=0.5)
+
+
+
+
+@pytest.mark.parametrize(("quotas", "least"), [
+    # An elastic tenant whose frame is one longest lease (52 % in 96 ms frames) beside a 48/48
+    # one ran 50 ms in every 100 ms: 50.0 %, the GPU 98 % busy, the token free meanwhile.
+    ([(1, 52), (48, 48)], [51.5, 47.9]),
+    # 17/18 and 51/84, both elastic: 17.1 and 77.9 %, the GPU 95 % busy.
+    ([(17, 18), (51, 84)], [17.0, 81.5]),
+    # 11/11 beside two uncapped tenants' 50 ms leases: served up to 48 ms late, its grid moved
+    # each time and owed 4 of the 5.3 ms it lost: 9.3 %.
+    ([(11, 11), (20, 100), (68, 100)], [10.9, 20.0, 67.0]),
+])
+def test_mixes_of_capped_and_elastic_tenants_keep_requests_and_the_gpu_busy(
+        quotas: list[tuple[int, int]], least: list[float]) -> None:
+    """All busy. The token is lent, while every waiting tenant waits for its frame, to an
+    elastic one below its limit (`Policy._filler`); a capped tenant delayed by another's
+    lease is owed up to the allowance (`Frame.start`). The window policy gives 51.5/48.1,
+    18.0/81.6 and 11.5/21.0/67.4."""
+    tenants = [SimTenant(f"t{i}", r, lim) for i, (r, lim) in enumerate(quotas)]
+    result = Simulation(CFG, tenants).run(20 * SECOND)
+    start, end = 10 * SECOND, 20 * SECOND
+    shares = [100 * result.share(t.name, start, end) for t in tenants]
+    assert all(share >= low for share, low in zip(shares, least, strict=True)), shares
+    assert sum(shares) >= 99.5, shares
+    for tenant in tenants:
+        assert 100 * result.extreme_shares(tenant.name, SECOND, start, end)[1] <= tenant.limit + 1
+
+
+
+def random_mix(rng: random.Random) -> tuple[list[tuple[int, int]], list[bool]]:
+    """2..5 tenants, requests adding up to 100 or a little less, each limit its request,
+    100 or between; the first busy, the others busy or idle."""
+    n = rng.randint(2, 5)
+    cuts = sorted(rng.sample(range(1, 100), n - 1))
+    requests = [b - a for a, b in zip([0, *cuts], [*cuts, 100], strict=True)]
+    spare = rng.randint(0, n - 1)
+    requests = [max(1, r - 1) if i < spare else r for i, r in enumerate(requests)]
+    limits = [rng.choice([r, 100, rng.randint(r, 100)]) for r in requests]
+    return list(zip(requests, limits, strict=True)), [True] + [rng.random() < 0.5 for _ in requests[1:]]
+
+
+def test_random_mixes_keep_limits_each_second_requests_and_the_gpu_busy() -> None:
+    """120 mixes of busy and idle tenants (a fixed seed), the daemon's defaults: no tenant
+    above its limit + 1 pp in any second, every busy one within 1.5 pp of its request over
+    the last 10 s, and the GPU within 1.5 pp of what the busy tenants' limits allow, but
+    where one elastic tenant is busy alone (frames of one longest lease, which hold 95 ms
+    in some 100 ms and then wait: 82.6 % for a limit of 87, the window policy 86.8; the
+    known gap left). Before the fillers and the owed time behind others, 300 such mixes had
+    16 where the GPU idled below that and 2 busy tenants up to 5.5 pp below their
+    requests."""
+    rng = random.Random(31)
+    window = CFG.window_ns
+    for _ in range(120):
+        quotas, busy = random_mix(rng)
+        tenants = [SimTenant(f"t{i}", r, lim, burst_ns=None if b else 1 * MS, idle_ns=10 * window)
+                   for i, ((r, lim), b) in enumerate(zip(quotas, busy, strict=True))]
+        result = Simulation(CFG, tenants).run(2 * window)
+        start, end = window, 2 * window
+        shares = [100 * result.share(t.name, start, end) for t in tenants]
+        for tenant, share, b in zip(tenants, shares, busy, strict=True):
+            assert 100 * result.extreme_shares(tenant.name, SECOND, start, end)[1] <= tenant.limit + 1, quotas
+            assert not b or share >= tenant.request - 1.5, (quotas, busy, shares)
+        alone = [t for t, b in zip(tenants, busy, strict=True) if b]
+        if len(alone) == 1 and alone[0].request < alone[0].limit < 100:
+            continue
+        allowed = min(100, sum(t.limit for t in alone))
+        assert sum(shares) >= allowed - 1.5, (quotas, busy, shares)

@@ -191,14 +191,14 @@ class Frame:
         return self.at + 2 * self.length
 
     def start(self, now: int, early: int, tolerance: int, waiting_since: int, below_request: bool,
-              behind_other: bool = False) -> None:
+              behind_elastic: bool = False) -> None:
         """A grant at `now` to a tenant waiting since `waiting_since`: within the current
         frame, nothing changes; from `early` before its end, the next frame begins on the
         grid, or at `now` when that is later by over `tolerance` (the tenant idled, or was
         served that late: its phase moves to where it was served, away from the neighbour
         that delayed it). A frame served late owes the share of the time it lost if the
         tenant is below its request (above it, a neighbour within its own request came
-        first, rightly), more when the token was last another tenant's (`behind_other`);
+        first, rightly), more when the token was last an elastic tenant's (`behind_elastic`);
         one back from idle starts with no carry."""
         if self.at is not None and now < self.at + self.length - early:
             return
@@ -212,13 +212,14 @@ class Frame:
             self.at = on_grid
         elif waiting_since <= on_grid + tolerance:  # served late
             if below_request:
-                # Behind another tenant's lease, owed up to twice the carry (the
+                # Behind an elastic tenant's lease, owed up to twice the carry (the
                 # allowance): a 11/11 tenant served 48 ms late behind uncapped neighbours'
                 # 50 ms leases, its grid moved each time, was owed 5.3 ms a frame and got 4
                 # of it: 9.3 % of the GPU. (Late by its own pace, a lone tenant's leases
-                # grew with what it was owed, and it was later still.)
+                # grew with what it was owed, and it was later still; behind capped
+                # neighbours' overruns, the 100 ms lows on the simulator fell.)
                 carry -= self.share * (now - on_grid) // self.length
-                if behind_other:
+                if behind_elastic:
                     floor = -2 * self.carry_cap
             self.at = now
         else:  # back from idle

@@ -329,7 +329,7 @@ class Policy:
         # a capped tenant keeps to its grid closely (`_early`, `_late_tolerance`).
         self._frames_have_room = True
         self._charged_until = 0  # the last released holder's work ran (was charged) until then
-        self._last_holder: str | None = None  # whose lease ended last
+        self._last_holder: Tenant | None = None  # whose lease ended last
         # The token free while tenants wait, each held back by its limit (or short horizons):
         # since when, and who (closed at the next dispatch); the total so far.
         self._held_back_since: int | None = None
@@ -642,8 +642,7 @@ class Policy:
             tenant.short.settle(now, waiter.since)
             if tenant.limit < 100 and not filler:
                 tenant.short.frame.start(now, self._early(tenant.short), self._late_tolerance(tenant.short),
-                                         waiter.since, tenant.short.due.balance > 0,
-                                         self._last_holder not in (None, tenant.name))
+                                         waiter.since, tenant.short.due.balance > 0, self._behind_elastic(tenant))
         lease_id = (self.epoch << 32) | self._next_lease
         self._next_lease = self._next_lease % 0xFFFFFFFF + 1
         self.lease = Lease(tenant.name, client, lease_id, now, now + quantum, quantum,
@@ -783,6 +782,14 @@ class Policy:
             if best is None or key < best[0]:
                 best = (key, tenant, fit)
         return (best[1], best[2]) if best else (None, 0)
+
+    def _behind_elastic(self, tenant: Tenant) -> bool:
+        """Whether the token was last another tenant's whose request is below its limit: its
+        leases take idle time and keep no grid, up to the longest lease (a capped neighbour
+        on its own grid delays a frame by its overrun only, which the grid's tolerance and
+        the carry absorb)."""
+        last = self._last_holder
+        return last is not None and last is not tenant and last.request < last.limit
 
     def _frame_due(self, short: ShortHorizon, now: int) -> bool:
         """Whether a grant now would begin the tenant's next frame (`Frame.start`)."""
@@ -1099,7 +1106,7 @@ class Policy:
 
     def _charge(self, tenant: Tenant, start: int, end: int, filler: bool = False) -> None:
         """The tenant held the GPU over [start, end] (a `filler` lease: not in its frame)."""
-        self._last_holder = tenant.name
+        self._last_holder = tenant
         tenant.usage.add(start, end)
         if tenant.short is not None:
             tenant.short.charge(start, end, in_frame=not filler)

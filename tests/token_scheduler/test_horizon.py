@@ -118,14 +118,14 @@ def test_frame_start(desc: str, frame: Frame, now: int, since: int, at: int, car
     assert frame.used == (used if desc.startswith("within") else 0)
 
 
-def test_a_frame_served_late_behind_another_tenant_is_owed_twice_the_carry_cap() -> None:
-    """Late because another tenant held the token (not its own pace): owed up to twice the
+def test_a_frame_served_late_behind_an_elastic_tenant_is_owed_twice_the_carry_cap() -> None:
+    """Late because an elastic tenant held the token (not its own pace): owed up to twice the
     carry cap (the policy's allowance), so that the lease after it makes up more of it."""
     frame = frame_at(0, 10 * MS)
-    frame.start(900 * MS, 8 * MS, 25 * MS, 90 * MS, True, behind_other=True)
+    frame.start(900 * MS, 8 * MS, 25 * MS, 90 * MS, True, behind_elastic=True)
     assert (frame.at, frame.carry) == (900 * MS, -16 * MS)
     frame = frame_at(0, 10 * MS)
-    frame.start(130 * MS, 8 * MS, 25 * MS, 90 * MS, True, behind_other=True)
+    frame.start(130 * MS, 8 * MS, 25 * MS, 90 * MS, True, behind_elastic=True)
     assert frame.carry == -3 * MS  # what it is owed, when less
 
 

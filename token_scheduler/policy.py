@@ -752,8 +752,8 @@ class Policy:
     def _filler(self, now: int, until: int) -> tuple[Tenant | None, int]:
         """Every waiting tenant is held back by its frame or pace until `until` at the
         earliest: lend the token meanwhile to one below its limit over the last of every
-        horizon, for at most that long and only up to its limit there (the allowance too
-        over the shortest), its expected overrun counted (None: none has room for the
+        horizon, for at most that long and only up to its limit there (half the allowance
+        too over the shortest), its worst recent overrun counted (None: none has room for the
         shortest lease). The frames keep a capped
         tenant's leases in phase, and with them its share of every 100 ms; they also left
         the GPU idle while it was below its limit: an elastic tenant whose frame is one
@@ -769,12 +769,13 @@ class Policy:
             first = next(iter(tenant.waiting.values()))
             if short.pace.ns_until_even(now, first.since) > 0:
                 continue  # at its limit's rate, not only off its grid
-            # Room for its expected overrun, as a lease leaves (`_capped_fit`).
-            fit = until - now - (self._typical_overrun(tenant) + self._worst_overrun(tenant)) // 2
+            # Room for its worst recent overrun: a filler comes on top of its frames' leases,
+            # which already run up to the allowance past the limit over 100 ms.
+            fit = until - now - self._worst_overrun(tenant)
             for horizon in cfg.horizons_ns:
                 # At most the limit over the longest horizon: a tenant at its limit there is
-                # not lent more; over the shorter ones, the allowance too, as a lease.
-                cap = tenant.limit * horizon // 100 + (cfg.allowance_ns if horizon < max(cfg.horizons_ns) else 0)
+                # not lent more; over the shorter ones, half the allowance too.
+                cap = tenant.limit * horizon // 100 + (cfg.allowance_ns // 2 if horizon < max(cfg.horizons_ns) else 0)
                 fit = min(fit, cap - short.trail.held_since(now - horizon))
             if fit < cfg.quantum_min_ns:
                 continue

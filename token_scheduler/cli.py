@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--window: a tenant back from idle neither bursts past its limit nor "
                              "starves a neighbour within its request (on the simulator, three tenants "
                              "whose limits fill the GPU still miss their request - 2 pp in their worst "
-                             "second by up to 0.3 pp); off: the window alone (default off)")
+                             "second by up to 0.9 pp); off: the window alone (default off)")
     parser.add_argument("--allowance", type=_duration, default="8ms",
                         help="with --short-horizon on, what a capped tenant may run over its limit in "
                              "any 100 ms or 1 s, and the credit idle time earns (default 8ms)")

@@ -90,7 +90,7 @@ class PolicyConfig:
     # Requests and limits at short horizons (horizon.py). Off (the default for now): only
     # the window counts, and a tenant back from idle bursts, then cycles (issue 31). On
     # the simulator, three tenants whose limits fill the GPU still miss their request
-    # - 2 pp in their worst second by up to 0.3 pp, and the smallest half its request in
+    # - 2 pp in their worst second by up to 0.9 pp, and the smallest half its request in
     # its worst 100 ms (see README, Compute quotas), so they are opt-in until that is fixed.
     short_horizon: bool = False
     # A capped tenant's GPU time over any interval of each horizon stays under its limit

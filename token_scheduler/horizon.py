@@ -180,15 +180,18 @@ class Frame:
             return 0
         return max(0, self.at + self.length - early - now)
 
+    def next_begins(self, now: int, early: int) -> bool:
+        """Whether a lease from `now` counts in the next frame (from `early` before the
+        current one's end), or begins the first."""
+        return self.at is None or now >= self.at + self.length - early
+
     def deadline(self, now: int, early: int) -> int:
         """The end of the frame on the grid that a lease from `now` counts in (from `early`
         before a frame's end, the next one), as a neighbour would see it: a tenant served
         late keeps the deadline it missed, so it comes before those with time to spare."""
         if self.at is None:
             return now + self.length
-        if now < self.at + self.length - early:
-            return self.at + self.length
-        return self.at + 2 * self.length
+        return self.at + (2 if self.next_begins(now, early) else 1) * self.length
 
     def start(self, now: int, early: int, tolerance: int, waiting_since: int, below_request: bool,
               behind_elastic: bool = False) -> None:
@@ -200,7 +203,7 @@ class Frame:
         tenant is below its request (above it, a neighbour within its own request came
         first, rightly), more when the token was last an elastic tenant's (`behind_elastic`);
         one back from idle starts with no carry."""
-        if self.at is not None and now < self.at + self.length - early:
+        if not self.next_begins(now, early):
             return
         if self.at is None:
             self.at, self.used, self.carry = now, 0, 0

@@ -630,7 +630,8 @@ class Policy:
             tenant, quantum = self._filler(now, recheck)
             # Outside its frames unless its next frame may start: then the frame's (short)
             # lease, else the frame would never start again while fillers kept coming.
-            filler = tenant is not None and tenant.short is not None and not self._frame_due(tenant.short, now)
+            short = tenant.short if tenant is not None else None
+            filler = short is not None and not short.frame.next_begins(now, self._early(short))
         if tenant is None:
             self._recheck_at = recheck
             if recheck is not None:  # the token stays free while someone waits
@@ -753,13 +754,13 @@ class Policy:
         """Every waiting tenant is held back by its frame or pace until `until` at the
         earliest: lend the token meanwhile to one below its limit over the last of every
         horizon, for at most that long and only up to its limit there (half the allowance
-        too over the shortest), its worst recent overrun counted (None: none has room for the
-        shortest lease). The frames keep a capped
-        tenant's leases in phase, and with them its share of every 100 ms; they also left
-        the GPU idle while it was below its limit: an elastic tenant whose frame is one
-        longest lease (52 % in 96 ms frames) beside a 48/48 one ran 50 ms in every 100 ms,
-        the GPU 98 % busy. The lease is outside the frames, and the tenant below its request
-        now comes first, then the one with the most room."""
+        too over the shortest), its worst recent overrun counted (None: none has room for
+        the shortest lease). The frames keep a capped tenant's leases in phase, and with
+        them its share of every 100 ms; they also left the GPU idle while it was below its
+        limit: an elastic tenant whose frame is one longest lease (52 % in 96 ms frames)
+        beside a 48/48 one ran 50 ms in every 100 ms, the GPU 98 % busy. The lease is
+        outside the frames, and the tenant below its request now comes first, then the
+        one with the most room."""
         cfg = self.config
         best: tuple[tuple[int, int], Tenant, int] | None = None
         for tenant in self.tenants.values():
@@ -791,11 +792,6 @@ class Policy:
         the carry absorb)."""
         last = self._last_holder
         return last is not None and last is not tenant and last.request < last.limit
-
-    def _frame_due(self, short: ShortHorizon, now: int) -> bool:
-        """Whether a grant now would begin the tenant's next frame (`Frame.start`)."""
-        frame = short.frame
-        return frame.at is None or now >= frame.at + frame.length - self._early(short)
 
     def _early(self, short: ShortHorizon) -> int:
         """How early a capped tenant may start its next frame's lease (it counts in that frame).

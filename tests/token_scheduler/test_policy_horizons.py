@@ -475,8 +475,6 @@ def test_elastic_tenants_at_their_requests_do_not_revoke_each_other_in_turn() ->
         assert 100 * result.share(tenant.name, start, end) == pytest.approx(request, abs=0.5)
 
 
-
-
 @pytest.mark.parametrize(("quotas", "least"), [
     # An elastic tenant whose frame is one longest lease (52 % in 96 ms frames) beside a 48/48
     # one ran 50 ms in every 100 ms: 50.0 %, the GPU 98 % busy, the token free meanwhile.
@@ -490,8 +488,8 @@ def test_elastic_tenants_at_their_requests_do_not_revoke_each_other_in_turn() ->
 def test_mixes_of_capped_and_elastic_tenants_keep_requests_and_the_gpu_busy(
         quotas: list[tuple[int, int]], least: list[float]) -> None:
     """All busy. The token is lent, while every waiting tenant waits for its frame, to an
-    elastic one below its limit (`Policy._filler`); a capped tenant delayed by another's
-    lease is owed up to the allowance (`Frame.start`). The window policy gives 51.5/48.1,
+    elastic one below its limit (`Policy._filler`); a capped tenant delayed by an elastic
+    tenant's lease is owed up to the allowance (`Frame.start`). The window policy gives 51.5/48.1,
     18.0/81.6 and 11.5/21.0/67.4."""
     tenants = [SimTenant(f"t{i}", r, lim) for i, (r, lim) in enumerate(quotas)]
     result = Simulation(CFG, tenants).run(20 * SECOND)
@@ -501,7 +499,6 @@ def test_mixes_of_capped_and_elastic_tenants_keep_requests_and_the_gpu_busy(
     assert sum(shares) >= 99.5, shares
     for tenant in tenants:
         assert 100 * result.extreme_shares(tenant.name, SECOND, start, end)[1] <= tenant.limit + 1
-
 
 
 def random_mix(rng: random.Random) -> tuple[list[tuple[int, int]], list[bool]]:
@@ -522,7 +519,7 @@ def test_random_mixes_keep_limits_each_second_requests_and_the_gpu_busy() -> Non
     the last 10 s, and the GPU within 1.5 pp of what the busy tenants' limits allow, but
     where one elastic tenant is busy alone (frames of one longest lease, which hold 95 ms
     in some 100 ms and then wait: 82.6 % for a limit of 87, the window policy 86.8; the
-    known gap left). Before the fillers and the owed time behind others, 300 such mixes had
+    known gap left). Before the fillers and the owed time behind elastic tenants, 300 such mixes had
     16 where the GPU idled below that and 2 busy tenants up to 5.5 pp below their
     requests."""
     rng = random.Random(31)
@@ -537,8 +534,8 @@ def test_random_mixes_keep_limits_each_second_requests_and_the_gpu_busy() -> Non
         for tenant, share, b in zip(tenants, shares, busy, strict=True):
             assert 100 * result.extreme_shares(tenant.name, SECOND, start, end)[1] <= tenant.limit + 1, quotas
             assert not b or share >= tenant.request - 1.5, (quotas, busy, shares)
-        alone = [t for t, b in zip(tenants, busy, strict=True) if b]
-        if len(alone) == 1 and alone[0].request < alone[0].limit < 100:
+        working = [t for t, b in zip(tenants, busy, strict=True) if b]
+        if len(working) == 1 and working[0].request < working[0].limit < 100:
             continue
-        allowed = min(100, sum(t.limit for t in alone))
+        allowed = min(100, sum(t.limit for t in working))
         assert sum(shares) >= allowed - 1.5, (quotas, busy, shares)

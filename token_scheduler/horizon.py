@@ -151,9 +151,11 @@ class Frame:
     way (after a frame served late, what it is owed down to twice that). The next lease
     is that much shorter: a frame's hold varies by a few milliseconds (where the
     holder's work ends), and ten frames' deviations would otherwise add up in a
-    second's share."""
+    second's share. `asked`: what the frame's leases would have held had a longer
+    horizon not cut them (set for an elastic tenant only): the carry counts the larger
+    of that and `used`, so what a limit over a longer horizon kept back is not owed."""
 
-    __slots__ = ("length", "share", "carry_cap", "at", "used", "carry")
+    __slots__ = ("length", "share", "carry_cap", "at", "used", "carry", "asked")
 
     def __init__(self, length: int, share: int, carry_cap: int) -> None:
         self.length = length
@@ -162,6 +164,7 @@ class Frame:
         self.at: int | None = None
         self.used = 0
         self.carry = 0
+        self.asked = 0
 
     def next_carry(self) -> int:
         """The carry into the next frame if it begins on the grid: this frame's hold counted
@@ -169,7 +172,7 @@ class Frame:
         of one frame would make the correction swing)."""
         if self.at is None:
             return 0
-        return max(-self.carry_cap, min(self.carry_cap, self.carry + self.used - self.share))
+        return max(-self.carry_cap, min(self.carry_cap, self.carry + max(self.used, self.asked) - self.share))
 
     def wait(self, now: int, used: int, budget: int, early: int) -> int:
         """How long until a tenant that would use `used` ns of this frame (its next lease
@@ -206,7 +209,7 @@ class Frame:
         if not self.next_begins(now, early):
             return
         if self.at is None:
-            self.at, self.used, self.carry = now, 0, 0
+            self.at, self.used, self.carry, self.asked = now, 0, 0, 0
             return
         on_grid = self.at + self.length
         carry = self.next_carry()
@@ -228,7 +231,7 @@ class Frame:
         else:  # back from idle
             carry, self.at = 0, now
         self.carry = max(floor, min(self.carry_cap, carry))
-        self.used = 0
+        self.used = self.asked = 0
 
 
 class ShortHorizon:

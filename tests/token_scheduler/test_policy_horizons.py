@@ -501,6 +501,20 @@ def test_mixes_of_capped_and_elastic_tenants_keep_requests_and_the_gpu_busy(
         assert 100 * result.extreme_shares(tenant.name, SECOND, start, end)[1] <= tenant.limit + 1
 
 
+@pytest.mark.parametrize("limit", [63, 87, 88])
+def test_an_elastic_tenant_busy_alone_gets_its_limit(limit: int) -> None:
+    """Request 1, busy alone: its frames (one longest lease each, 57 ms at 87 %) hold its
+    limit. It got 82.6 % of 87 (84.4 of 88): a filler lease just before its own frame's
+    start left its 100 ms room for 38 of the next lease's 50 ms, and what that cut was owed
+    to the frame after (the carry), whose lease, lengthened to 54 ms, was cut again. Now a
+    tenant alone gets no filler (the GPU idles for its own frames' sake) and what a longer
+    horizon cut is not owed. The window policy gives 63.2, 86.8 and 87.8."""
+    result = Simulation(CFG, [SimTenant("a", 1, limit)]).run(20 * SECOND)
+    start, end = 10 * SECOND, 20 * SECOND
+    assert limit - 1.5 <= 100 * result.share("a", start, end) <= limit + 0.1
+    assert 100 * result.extreme_shares("a", SECOND, start, end)[1] <= limit + 1
+
+
 def random_mix(rng: random.Random) -> tuple[list[tuple[int, int]], list[bool]]:
     """2..5 tenants, requests adding up to 100 or a little less, each limit its request,
     100 or between; the first busy, the others busy or idle."""
@@ -516,12 +530,9 @@ def random_mix(rng: random.Random) -> tuple[list[tuple[int, int]], list[bool]]:
 def test_random_mixes_keep_limits_each_second_requests_and_the_gpu_busy() -> None:
     """120 mixes of busy and idle tenants (a fixed seed), the daemon's defaults: no tenant
     above its limit + 1 pp in any second, every busy one within 1.5 pp of its request over
-    the last 10 s, and the GPU within 1.5 pp of what the busy tenants' limits allow, but
-    where one elastic tenant is busy alone (frames of one longest lease, which hold 95 ms
-    in some 100 ms and then wait: 82.6 % for a limit of 87, the window policy 86.8; the
-    known gap left). Before the fillers and the owed time behind elastic tenants, 300 such mixes had
-    16 where the GPU idled below that and 2 busy tenants up to 5.5 pp below their
-    requests."""
+    the last 10 s, and the GPU within 1.5 pp of what the busy tenants' limits allow. Before
+    the fillers and the owed time behind elastic tenants, 300 such mixes had 16 where the
+    GPU idled below that and 2 busy tenants up to 5.5 pp below their requests."""
     rng = random.Random(31)
     window = CFG.window_ns
     for _ in range(120):
@@ -535,7 +546,5 @@ def test_random_mixes_keep_limits_each_second_requests_and_the_gpu_busy() -> Non
             assert 100 * result.extreme_shares(tenant.name, SECOND, start, end)[1] <= tenant.limit + 1, quotas
             assert not b or share >= tenant.request - 1.5, (quotas, busy, shares)
         working = [t for t, b in zip(tenants, busy, strict=True) if b]
-        if len(working) == 1 and working[0].request < working[0].limit < 100:
-            continue
         allowed = min(100, sum(t.limit for t in working))
         assert sum(shares) >= allowed - 1.5, (quotas, busy, shares)

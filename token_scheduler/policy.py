@@ -91,7 +91,8 @@ class PolicyConfig:
     # the window alone counts: a tenant back from idle bursts, then cycles (issue 31). On
     # the simulator, three tenants whose limits fill the GPU still miss their request
     # - 2 pp in their worst second by up to 0.9 pp, and the smallest half its request in
-    # its worst 100 ms (see README, Compute quotas); the window alone misses them by 8.
+    # its worst 100 ms (see README, Compute quotas); the window alone misses the first by
+    # up to 5.5 pp, and leaves each of them nothing in some 100 ms.
     short_horizon: bool = True
     # A capped tenant's GPU time over any interval of each horizon stays under its limit
     # + allowance; it runs one lease a frame of the first horizon (its limit of the frame

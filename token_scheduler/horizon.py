@@ -174,6 +174,12 @@ class Frame:
             return 0
         return max(-self.carry_cap, min(self.carry_cap, self.carry + max(self.used, self.asked) - self.share))
 
+    def cut_short(self, lease: int, cut: int) -> None:
+        """A lease granted `cut` ns shorter by a longer horizon: the frame counts it as
+        asked for (`asked`), not as owed."""
+        if cut > 0:
+            self.asked = max(self.asked, self.used + lease + cut)
+
     def wait(self, now: int, used: int, budget: int, early: int) -> int:
         """How long until a tenant that would use `used` ns of this frame (its next lease
         counted) may start: 0 within the budget, else until `early` before the next frame

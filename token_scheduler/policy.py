@@ -652,11 +652,10 @@ class Policy:
                 # An elastic tenant's frame is not owed what its longer horizons cut from the
                 # lease: a lone 87 % tenant in 57 ms frames, cut to 38 ms by its 100 ms, was
                 # owed the rest by the next frame, whose lease (54 ms) was cut again: 82.6 %.
-                # A capped one is (its cut is an overrun caught up with: not owed, a 16/16
-                # tenant beside 83/87 fell to 15.7 %).
-                if tenant.request < tenant.limit and cut:
-                    frame = tenant.short.frame
-                    frame.asked = max(frame.asked, frame.used + quantum + cut)
+                # A capped tenant stays owed it: its cut catches up with its own overruns, and
+                # not owed, a 16/16 tenant beside 83/87 fell to 15.7 %.
+                if tenant.request < tenant.limit:
+                    tenant.short.frame.cut_short(quantum, cut)
         lease_id = (self.epoch << 32) | self._next_lease
         self._next_lease = self._next_lease % 0xFFFFFFFF + 1
         self.lease = Lease(tenant.name, client, lease_id, now, now + quantum, quantum,
@@ -776,6 +775,10 @@ class Policy:
         outside the frames, and the tenant below its request now comes first, then the
         one with the most room."""
         cfg = self.config
+        if sum(1 for t in self.tenants.values() if t.waiting) < 2:
+            # One tenant waits: the GPU idles for its own frames' sake (a filler before its
+            # frame's start left its 100 ms no room for that frame's whole lease).
+            return None, 0
         best: tuple[tuple[int, int], Tenant, int] | None = None
         for tenant in self.tenants.values():
             short = tenant.short
@@ -784,10 +787,6 @@ class Policy:
             first = next(iter(tenant.waiting.values()))
             if short.pace.ns_until_even(now, first.since) > 0:
                 continue  # at its limit's rate, not only off its grid
-            if not any(other.waiting for other in self.tenants.values() if other is not tenant):
-                # Alone: the GPU idles for its own frames' sake (a filler before its frame's
-                # start left its 100 ms no room for that frame's whole lease).
-                continue
             # Room for its worst recent overrun: a filler comes on top of its frames' leases,
             # which already run up to the allowance past the limit over 100 ms.
             fit = until - now - self._worst_overrun(tenant)

@@ -203,7 +203,7 @@ class Frame:
         return self.at + (2 if self.next_begins(now, early) else 1) * self.length
 
     def start(self, now: int, early: int, tolerance: int, waiting_since: int, below_request: bool,
-              behind_elastic: bool = False) -> None:
+              behind_elastic: bool = False) -> bool:
         """A grant at `now` to a tenant waiting since `waiting_since`: within the current
         frame, nothing changes; from `early` before its end, the next frame begins on the
         grid, or at `now` when that is later by over `tolerance` (the tenant idled, or was
@@ -211,15 +211,17 @@ class Frame:
         that delayed it). A frame served late owes the share of the time it lost if the
         tenant is below its request (above it, a neighbour within its own request came
         first, rightly), more when the token was last an elastic tenant's (`behind_elastic`);
-        one back from idle starts with no carry."""
+        one back from idle starts with no carry. Returns whether the frames begin afresh
+        (the first one, or back from idle)."""
         if not self.next_begins(now, early):
-            return
+            return False
         if self.at is None:
             self.at, self.used, self.carry, self.asked = now, 0, 0, 0
-            return
+            return True
         on_grid = self.at + self.length
         carry = self.next_carry()
         floor = -self.carry_cap
+        afresh = False
         if now - on_grid <= tolerance:
             self.at = on_grid
         elif waiting_since <= on_grid + tolerance:  # served late
@@ -235,21 +237,25 @@ class Frame:
                     floor = -2 * self.carry_cap
             self.at = now
         else:  # back from idle
-            carry, self.at = 0, now
+            carry, self.at, afresh = 0, now, True
         self.carry = max(floor, min(self.carry_cap, carry))
         self.used = self.asked = 0
+        return afresh
 
 
 class ShortHorizon:
     """One tenant's short-horizon records, charged together with its window."""
 
-    __slots__ = ("pace", "due", "trail", "frame")
+    __slots__ = ("pace", "due", "trail", "frame", "credit_afresh")
 
     def __init__(self, pace: RateBucket, due: RateBucket, trail: Trail, frame: Frame) -> None:
         self.pace = pace  # at the limit's rate
         self.due = due  # at the request's rate
         self.trail = trail
         self.frame = frame
+        # Its credit toward its request (`due`) when its frames last began afresh: what it
+        # idled for, or starts with, not what it was owed while busy (`Policy._early`).
+        self.credit_afresh = 0
 
     def settle(self, now: int, waiting_since: int) -> None:
         self.pace.settle(now, waiting_since)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,19 @@ def skip_unless_namespaces() -> None:
         pytest.skip("needs unshare (util-linux)")
     if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
         pytest.skip("cannot create a mount namespace here")
+
+
+def skip_unless_others_can_read(path: str | Path) -> None:
+    """Skips the test unless a user other than root can read `path` (the file readable by
+    others, every directory above it searchable): a non-root container maps the shim from
+    where vcuda is installed, and an install under a private home (pip as root into
+    /root/.pyenv) is out of its reach. vcuda's image installs it where any user can read it."""
+    target = Path(path).resolve()
+    if not target.stat().st_mode & stat.S_IROTH:
+        pytest.skip(f"other users cannot read {target}")
+    for parent in target.parents:
+        if not parent.stat().st_mode & stat.S_IXOTH:
+            pytest.skip(f"other users cannot reach {target}: {parent} is private (install vcuda where they can)")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from kubecontainer import skip_unless_namespaces
+from kubecontainer import skip_unless_namespaces, skip_unless_others_can_read
 from shimtest import parse
 
 from device_plugin.pods import StaticPods
@@ -91,6 +91,7 @@ def test_non_root_container_can_use_cuda_and_is_limited(agent_factory, kubelet, 
     env.update(sim.env())
     env.update(resp.envs)   # no quota in it: the quota file, mounted below, is libvcuda's only source
     env["VC_PRELOAD"] = mounts["/usr/local/vcuda/lib/libvcuda.so"]
+    skip_unless_others_can_read(env["VC_PRELOAD"])   # the simulator's library lies beside it
     proc = subprocess.run(
         ["unshare", "-m", "/bin/sh", "-ec", CONTAINER_SCRIPT, "container", mounts["/run/vcuda"],
          mounts["/run/vcuda/sched"], mounts["/run/vcuda-quota"], str(probe), "init", "ctx", f"alloc:{512 * MiB}",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from kubecontainer import skip_unless_namespaces
+from kubecontainer import skip_unless_namespaces, skip_unless_others_can_read
 from shimtest import MiB, Result, Runner, one_gpu_sim_env, parse
 
 from py_vcuda import native
@@ -390,6 +390,7 @@ def test_a_directory_in_place_of_the_file_fails_closed(container: Container, cup
 def test_an_unreadable_file_fails_closed(container: Container, cuprobe: Path) -> None:
     if not shutil.which("setpriv"):
         pytest.skip("needs setpriv (util-linux) to run as another user")
+    skip_unless_others_can_read(container.base_env["LD_PRELOAD"])
     container.write([Gpu(GPU0, LIMIT)])
     (container.quota_dir / "quota.conf").chmod(0o000)
     res = container.run([probe_path(container, cuprobe), "init", "ctx"], user=NOBODY)

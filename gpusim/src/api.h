@@ -203,7 +203,9 @@
       (CUstream hStream, CUevent hEvent, unsigned int Flags))                                      \
     X(cuStreamWaitEvent, 7000, 1, cuStreamWaitEvent_ptsz,                                          \
       (CUstream hStream, CUevent hEvent, unsigned int Flags))                                      \
-    /* graphs, by stream capture only */                                                           \
+    /* graphs, by stream capture only; below 10010 the legacy ABI without a mode (GLOBAL) */       \
+    X(cuStreamBeginCapture, 10000, 0, cuStreamBeginCapture, (CUstream hStream))                    \
+    X(cuStreamBeginCapture, 10000, 1, cuStreamBeginCapture_ptsz, (CUstream hStream))               \
     X(cuStreamBeginCapture, 10010, 0, cuStreamBeginCapture_v2,                                     \
       (CUstream hStream, CUstreamCaptureMode mode))                                                \
     X(cuStreamBeginCapture, 10010, 1, cuStreamBeginCapture_v2_ptsz,                                \
@@ -218,6 +220,12 @@
       (CUstreamCaptureMode *mode))                                                                 \
     X(cuGraphInstantiateWithFlags, 11040, 0, cuGraphInstantiateWithFlags,                          \
       (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags))                        \
+    X(cuGraphInstantiate, 10000, 0, cuGraphInstantiate,                                            \
+      (CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,        \
+       size_t bufferSize))                                                                         \
+    X(cuGraphInstantiate, 11000, 0, cuGraphInstantiate_v2,                                         \
+      (CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,        \
+       size_t bufferSize))                                                                         \
     X(cuGraphInstantiate, 12000, 0, cuGraphInstantiateWithFlags,                                   \
       (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags))                        \
     X(cuGraphLaunch, 10000, 0, cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream))          \

@@ -291,6 +291,17 @@ SIM_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptu
     return begin_capture(hStream, mode, true);
 }
 
+/* The legacy ABI (before 10010): always CU_STREAM_CAPTURE_MODE_GLOBAL. */
+SIM_EXPORT CUresult cuStreamBeginCapture(CUstream hStream)
+{
+    return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, false);
+}
+
+SIM_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
+{
+    return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, true);
+}
+
 SIM_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
     return end_capture(hStream, phGraph, false);
@@ -337,6 +348,31 @@ SIM_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgrap
     }
     pthread_mutex_unlock(&sim.mu);
     return rc;
+}
+
+/* cuGraphInstantiate_v2 (11000) and the legacy cuGraphInstantiate (10000):
+ * no flags, and no error node to name; the log stays empty. */
+static CUresult instantiate_logged(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                   char *logBuffer, size_t bufferSize)
+{
+    (void)phErrorNode;
+    CUresult rc = cuGraphInstantiateWithFlags(phGraphExec, hGraph, 0);
+    if (logBuffer && bufferSize)
+        logBuffer[0] = '\0';
+    return rc;
+}
+
+SIM_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                          CUgraphNode *phErrorNode, char *logBuffer,
+                                          size_t bufferSize)
+{
+    return instantiate_logged(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
+}
+
+SIM_EXPORT CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                       CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)
+{
+    return instantiate_logged(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
 }
 
 static CUresult graph_launch(CUgraphExec hGraphExec, CUstream h, bool ptsz)

@@ -21,20 +21,30 @@ CUresult vc_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     return vcuda_context_after_create(rc, rc == CUDA_SUCCESS ? *pctx : NULL, dev, true, charged, &before);
 }
 
-CUresult vc_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-    CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease_v2");
+/* Release and reset, in every ABI the driver hands out (the legacy unsuffixed
+ * ones below 11000 take the same argument): the same accounting. */
+static CUresult primary_release(CUresult (**real)(CUdevice), const char *name, CUdevice dev, bool reset) {
+    CUresult rc = vcuda_real_ready((void **)real, name);
     if (rc != CUDA_SUCCESS) return rc;
-    rc = vcuda_real.cuDevicePrimaryCtxRelease_v2(dev);
-    if (rc == CUDA_SUCCESS && !vcuda_config.disabled) vcuda_primary_released(dev, false);
+    rc = (*real)(dev);
+    if (rc == CUDA_SUCCESS && !vcuda_config.disabled) vcuda_primary_released(dev, reset);
     return rc;
 }
 
+CUresult vc_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    return primary_release(&vcuda_real.cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease_v2", dev, false);
+}
+
+CUresult vc_cuDevicePrimaryCtxRelease(CUdevice dev) {
+    return primary_release(&vcuda_real.cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", dev, false);
+}
+
 CUresult vc_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
-    CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset_v2");
-    if (rc != CUDA_SUCCESS) return rc;
-    rc = vcuda_real.cuDevicePrimaryCtxReset_v2(dev);
-    if (rc == CUDA_SUCCESS && !vcuda_config.disabled) vcuda_primary_released(dev, true);
-    return rc;
+    return primary_release(&vcuda_real.cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset_v2", dev, true);
+}
+
+CUresult vc_cuDevicePrimaryCtxReset(CUdevice dev) {
+    return primary_release(&vcuda_real.cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", dev, true);
 }
 
 CUresult vc_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {

@@ -330,16 +330,30 @@ CUresult vc_cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph
     return rc;
 }
 
-CUresult vc_cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
-                                  char *logBuffer, size_t bufferSize) {
-    CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuGraphInstantiate_v2, "cuGraphInstantiate_v2");
+/* cuGraphInstantiate_v2 and the legacy cuGraphInstantiate (below 11000): the same parameters. */
+static CUresult instantiate_with_log(CUresult (**real)(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t),
+                                     const char *name, CUgraphExec *phGraphExec, CUgraph hGraph,
+                                     CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize) {
+    CUresult rc = vcuda_real_ready((void **)real, name);
     CUdevice ordinal;
     uint64_t footprint;
     if (rc == CUDA_SUCCESS) rc = claim(hGraph, &ordinal, &footprint);
     if (rc != CUDA_SUCCESS) return rc;
-    rc = vcuda_real.cuGraphInstantiate_v2(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
+    rc = (*real)(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
     instantiated(rc, rc == CUDA_SUCCESS ? *phGraphExec : NULL, ordinal, footprint, false);
     return rc;
+}
+
+CUresult vc_cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                  char *logBuffer, size_t bufferSize) {
+    return instantiate_with_log(&vcuda_real.cuGraphInstantiate_v2, "cuGraphInstantiate_v2", phGraphExec, hGraph,
+                                phErrorNode, logBuffer, bufferSize);
+}
+
+CUresult vc_cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,
+                               size_t bufferSize) {
+    return instantiate_with_log(&vcuda_real.cuGraphInstantiate, "cuGraphInstantiate", phGraphExec, hGraph,
+                                phErrorNode, logBuffer, bufferSize);
 }
 
 static CUresult instantiate_with_params(CUresult (*real)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *),
@@ -453,20 +467,33 @@ CUresult vc_cuGraphDestroy(CUgraph hGraph) {
     return rc;
 }
 
+/* A capture begun on `stream` through any ABI (the legacy ones, below 10010,
+ * take no mode: CU_STREAM_CAPTURE_MODE_GLOBAL) returned `rc`. */
+static CUresult began(CUresult rc, CUstream stream) {
+    if (rc == CUDA_SUCCESS && !vcuda_config.disabled) capture_begun(stream);
+    return rc;
+}
+
 CUresult vc_cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuStreamBeginCapture_v2, "cuStreamBeginCapture_v2");
-    if (rc != CUDA_SUCCESS) return rc;
-    rc = vcuda_real.cuStreamBeginCapture_v2(hStream, mode);
-    if (rc == CUDA_SUCCESS && !vcuda_config.disabled) capture_begun(hStream);
-    return rc;
+    return rc != CUDA_SUCCESS ? rc : began(vcuda_real.cuStreamBeginCapture_v2(hStream, mode), hStream);
 }
 
 CUresult vc_cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture_v2_ptsz");
     if (rc != CUDA_SUCCESS) return rc;
-    rc = vcuda_real.cuStreamBeginCapture_v2_ptsz(hStream, mode);
-    if (rc == CUDA_SUCCESS && !vcuda_config.disabled) capture_begun(named_stream(hStream, true));
-    return rc;
+    return began(vcuda_real.cuStreamBeginCapture_v2_ptsz(hStream, mode), named_stream(hStream, true));
+}
+
+CUresult vc_cuStreamBeginCapture(CUstream hStream) {
+    CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuStreamBeginCapture, "cuStreamBeginCapture");
+    return rc != CUDA_SUCCESS ? rc : began(vcuda_real.cuStreamBeginCapture(hStream), hStream);
+}
+
+CUresult vc_cuStreamBeginCapture_ptsz(CUstream hStream) {
+    CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuStreamBeginCapture_ptsz, "cuStreamBeginCapture_ptsz");
+    if (rc != CUDA_SUCCESS) return rc;
+    return began(vcuda_real.cuStreamBeginCapture_ptsz(hStream), named_stream(hStream, true));
 }
 
 CUresult vc_cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {

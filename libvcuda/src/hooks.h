@@ -10,6 +10,8 @@
 #ifndef VCUDA_HOOKS_H
 #define VCUDA_HOOKS_H
 
+#include <stdbool.h>
+
 #include "vcuda/cuda_abi.h"
 #include "vcuda/nvml_abi.h"
 
@@ -25,7 +27,9 @@
     X(cuMemGetInfo_v2, (size_t *free_bytes, size_t *total_bytes), (free_bytes, total_bytes))       \
     X(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev), (pctx, dev))                      \
     X(cuDevicePrimaryCtxRelease_v2, (CUdevice dev), (dev))                                         \
+    X(cuDevicePrimaryCtxRelease, (CUdevice dev), (dev)) /* legacy ABI, below 11000 */               \
     X(cuDevicePrimaryCtxReset_v2, (CUdevice dev), (dev))                                           \
+    X(cuDevicePrimaryCtxReset, (CUdevice dev), (dev)) /* legacy ABI, below 11000 */                 \
     X(cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev))     \
     X(cuCtxCreate_v3,                                                                              \
       (CUcontext *pctx, CUexecAffinityParam *params, int numParams, unsigned int flags,            \
@@ -78,6 +82,9 @@
     X(cuStreamBeginCapture_v2, (CUstream hStream, CUstreamCaptureMode mode), (hStream, mode))      \
     X(cuStreamBeginCapture_v2_ptsz, (CUstream hStream, CUstreamCaptureMode mode),                  \
       (hStream, mode))                                                                             \
+    /* legacy ABI, below 10010: no mode (CU_STREAM_CAPTURE_MODE_GLOBAL) */                         \
+    X(cuStreamBeginCapture, (CUstream hStream), (hStream))                                         \
+    X(cuStreamBeginCapture_ptsz, (CUstream hStream), (hStream))                                    \
     X(cuStreamEndCapture, (CUstream hStream, CUgraph *phGraph), (hStream, phGraph))                \
     X(cuStreamEndCapture_ptsz, (CUstream hStream, CUgraph *phGraph), (hStream, phGraph))           \
     X(cuGraphAddMemAllocNode,                                                                      \
@@ -89,6 +96,10 @@
       (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags),                        \
       (phGraphExec, hGraph, flags))                                                                \
     X(cuGraphInstantiate_v2,                                                                       \
+      (CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,        \
+       size_t bufferSize),                                                                         \
+      (phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize))                                   \
+    X(cuGraphInstantiate, /* legacy ABI, below 11000: the parameters of _v2 */                     \
       (CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,        \
        size_t bufferSize),                                                                         \
       (phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize))                                   \
@@ -206,14 +217,16 @@ struct vcuda_hook {
     void *wrapper;   /* vc_<name> */
     void **real;     /* slot in vcuda_real / vcuda_real_nvml */
     unsigned base_len; /* length of the name without _vN/_ptsz/_ptds suffixes */
+    bool legacy;       /* no _vN suffix, where a sibling of the same base name has one */
 };
 
-/* Computes each hook's base-name length (library constructor). */
+/* Computes each hook's base-name length and legacy mark (library constructor). */
 void vcuda_hooks_init(void);
 
 /* Wrapper for `name` if `real_fn` is the real driver's `name` (or our own export). */
 void *vcuda_hook_for_symbol(const char *name, void *real_fn);
-/* Wrapper for the ABI variant of base name `symbol` whose real address is `real_fn`. */
-void *vcuda_hook_for_proc(const char *symbol, void *real_fn);
+/* Wrapper for the ABI variant of base name `symbol` whose real address is
+ * `real_fn`, as cuGetProcAddress(symbol, cudaVersion, flags) returned it. */
+void *vcuda_hook_for_proc(const char *symbol, void *real_fn, int cudaVersion, cuuint64_t flags);
 
 #endif

@@ -8,9 +8,14 @@
  * _v4 on 13.x). The driver is the authority on that mapping, so we ask it: the
  * real cuGetProcAddress returns the address of one exported variant, and we
  * hand out the wrapper of exactly the variant whose real address that is.
- * Names we do not hook, and variants we do not know, pass through untouched.
+ * Below the version a _v2 appeared in, that is the legacy unsuffixed ABI
+ * (cuStreamBeginCapture without a mode below 10010, cuDevicePrimaryCtxRelease
+ * and cuGraphInstantiate below 11000), hooked like any other variant.
+ * Names we do not hook, and variants we do not know, pass through untouched
+ * (the latter with a warning that says which entry point it was).
  */
 #include <dlfcn.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "config.h"
@@ -35,8 +40,8 @@ VCUDA_NVML_HOOKS(VCUDA_EXPORT_NVML)
 
 /* ---- the hook table ----------------------------------------------------- */
 
-#define VCUDA_ENTRY_CUDA(name, params, args) {#name, (void *)vc_##name, (void **)&vcuda_real.name, 0},
-#define VCUDA_ENTRY_NVML(name, params, args) {#name, (void *)vc_##name, (void **)&vcuda_real_nvml.name, 0},
+#define VCUDA_ENTRY_CUDA(name, params, args) {#name, (void *)vc_##name, (void **)&vcuda_real.name, 0, false},
+#define VCUDA_ENTRY_NVML(name, params, args) {#name, (void *)vc_##name, (void **)&vcuda_real_nvml.name, 0, false},
 static struct vcuda_hook hooks[] = {
     VCUDA_CUDA_HOOKS(VCUDA_ENTRY_CUDA) VCUDA_NVML_HOOKS(VCUDA_ENTRY_NVML)
 };
@@ -66,8 +71,21 @@ static unsigned base_length(const char *name) {
     }
 }
 
+/* Whether hook `h`'s name carries a _vN suffix after its base name. */
+static bool versioned(const struct vcuda_hook *h) { return strstr(h->name + h->base_len, "_v") != NULL; }
+
+/* Whether hook `h` is a variant of base name `base` (`len` characters). */
+static bool of_base(const struct vcuda_hook *h, const char *base, size_t len) {
+    return h->base_len == len && strncmp(h->name, base, len) == 0;
+}
+
 void vcuda_hooks_init(void) {
     for (size_t i = 0; i < HOOK_COUNT; i++) hooks[i].base_len = base_length(hooks[i].name);
+    for (size_t i = 0; i < HOOK_COUNT; i++) {
+        hooks[i].legacy = false;
+        for (size_t j = 0; j < HOOK_COUNT && !versioned(&hooks[i]); j++)
+            if (of_base(&hooks[j], hooks[i].name, hooks[i].base_len) && versioned(&hooks[j])) hooks[i].legacy = true;
+    }
 }
 
 /* Real libraries must be loaded before real addresses can be compared. */
@@ -88,22 +106,62 @@ void *vcuda_hook_for_symbol(const char *name, void *real_fn) {
     return real_fn;
 }
 
-void *vcuda_hook_for_proc(const char *symbol, void *real_fn) {
+/* The warning for an entry point of a hooked base name that matches no hook,
+ * with what tells why: which of the driver's exports it is (the bare name is
+ * the legacy ABI), the symbol dladdr puts it in, and the real addresses of
+ * the variants vcuda hooks. Rare: only on this path. */
+static void warn_unknown(const char *symbol, void *real_fn, int cudaVersion, cuuint64_t flags) {
+    static const char *const versions[] = {"", "_v2", "_v3", "_v4"};
+    static const char *const streams[] = {"", "_ptsz", "_ptds"};
+    char is[200] = "";
+    for (size_t v = 0; v < sizeof versions / sizeof versions[0] && !is[0] && vcuda_libcuda_handle; v++) {
+        for (size_t t = 0; t < sizeof streams / sizeof streams[0] && !is[0]; t++) {
+            char name[120];
+            int n = snprintf(name, sizeof name, "%s%s%s", symbol, versions[v], streams[t]);
+            if (n < 0 || (size_t)n >= sizeof name || vcuda_real_dlsym(vcuda_libcuda_handle, name) != real_fn) continue;
+            snprintf(is, sizeof is, "the driver's export %s%s", name, v == 0 && t == 0 ? " (the legacy ABI)" : "");
+        }
+    }
+    if (!is[0]) snprintf(is, sizeof is, "none of the driver's exports %s[_v2|_v3|_v4][_ptsz|_ptds]", symbol);
+    Dl_info info;
+    char near[200] = "";
+    if (dladdr(real_fn, &info) && info.dli_fname) {
+        const char *lib = strrchr(info.dli_fname, '/');
+        snprintf(near, sizeof near, " (dladdr: %s+%#lx in %s)", info.dli_sname ? info.dli_sname : "?",
+                 info.dli_saddr ? (unsigned long)((char *)real_fn - (char *)info.dli_saddr) : 0ul,
+                 lib ? lib + 1 : info.dli_fname);
+    }
+    char hooked[320] = "";
+    size_t used = 0, len = strlen(symbol);
+    for (size_t i = 0; i < HOOK_COUNT && used < sizeof hooked; i++) {
+        if (!of_base(&hooks[i], symbol, len)) continue;
+        int n = *hooks[i].real ? snprintf(hooked + used, sizeof hooked - used, " %s=%p", hooks[i].name, *hooks[i].real)
+                               : snprintf(hooked + used, sizeof hooked - used, " %s=absent", hooks[i].name);
+        if (n > 0) used += (size_t)n;
+    }
+    vcuda_warn("cuGetProcAddress(\"%s\", cudaVersion %d, flags %#llx) returned an entry point vcuda does not know; "
+               "passing it through (%p: %s%s; vcuda hooks%s)",
+               symbol, cudaVersion, (unsigned long long)flags, real_fn, is, near, hooked);
+}
+
+void *vcuda_hook_for_proc(const char *symbol, void *real_fn, int cudaVersion, cuuint64_t flags) {
     if (real_fn == NULL || symbol == NULL) return real_fn;
     size_t len = strlen(symbol);
     bool known_base = false;
     for (size_t i = 0; i < HOOK_COUNT; i++) {
-        if (hooks[i].base_len != len || strncmp(hooks[i].name, symbol, len) != 0) continue;
+        if (!of_base(&hooks[i], symbol, len)) continue;
         known_base = true;
-        if (*hooks[i].real == real_fn) return hooks[i].wrapper;
+        if (*hooks[i].real != real_fn) continue;
+        if (hooks[i].legacy)
+            vcuda_info("cuGetProcAddress(\"%s\", cudaVersion %d, flags %#llx) returned the legacy ABI %s; wrapped",
+                       symbol, cudaVersion, (unsigned long long)flags, hooks[i].name);
+        return hooks[i].wrapper;
     }
     /* A base name may map to an entry point of another name (cuGraphInstantiate
      * -> cuGraphInstantiateWithFlags from 12000): its address says which. */
     for (size_t i = 0; i < HOOK_COUNT; i++)
         if (*hooks[i].real == real_fn) return hooks[i].wrapper;
-    if (known_base)
-        vcuda_warn("cuGetProcAddress(\"%s\") returned an entry point vcuda does not know; passing it through",
-                   symbol);
+    if (known_base) warn_unknown(symbol, real_fn, cudaVersion, flags);
     return real_fn;
 }
 
@@ -113,7 +171,8 @@ CUresult vc_cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cu
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuGetProcAddress, "cuGetProcAddress");
     if (rc != CUDA_SUCCESS) return rc;
     rc = vcuda_real.cuGetProcAddress(symbol, pfn, cudaVersion, flags);
-    if (rc == CUDA_SUCCESS && pfn && !vcuda_config.disabled) *pfn = vcuda_hook_for_proc(symbol, *pfn);
+    if (rc == CUDA_SUCCESS && pfn && !vcuda_config.disabled)
+        *pfn = vcuda_hook_for_proc(symbol, *pfn, cudaVersion, flags);
     return rc;
 }
 
@@ -122,7 +181,8 @@ CUresult vc_cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
     CUresult rc = vcuda_real_ready((void **)&vcuda_real.cuGetProcAddress_v2, "cuGetProcAddress_v2");
     if (rc != CUDA_SUCCESS) return rc;
     rc = vcuda_real.cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, symbolStatus);
-    if (rc == CUDA_SUCCESS && pfn && !vcuda_config.disabled) *pfn = vcuda_hook_for_proc(symbol, *pfn);
+    if (rc == CUDA_SUCCESS && pfn && !vcuda_config.disabled)
+        *pfn = vcuda_hook_for_proc(symbol, *pfn, cudaVersion, flags);
     return rc;
 }
 

@@ -77,6 +77,8 @@ static struct {
     CUresult (*begin_capture)(CUstream, CUstreamCaptureMode);
     CUresult (*end_capture)(CUstream, CUgraph *);
     CUresult (*graph_instantiate)(CUgraphExec *, CUgraph, unsigned long long);
+    /* what cuGraphInstantiate is below 12000 (cuGraphInstantiate_v2), in the getProcAddress door */
+    CUresult (*graph_instantiate_v2)(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
     CUresult (*graph_launch)(CUgraphExec, CUstream);
     CUresult (*graph_upload)(CUgraphExec, CUstream);
     CUresult (*graph_exec_destroy)(CUgraphExec);
@@ -92,6 +94,11 @@ static struct {
     CUresult (*mem_set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
     CUresult (*ipc_get)(CUipcMemHandle *, CUdeviceptr);
     CUresult (*ipc_open)(CUdeviceptr *, CUipcMemHandle, unsigned);
+    /* the legacy ABIs (see LEGACY) */
+    CUresult (*legacy_begin_capture)(CUstream);
+    CUresult (*legacy_instantiate)(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
+    CUresult (*legacy_release)(CUdevice);
+    CUresult (*legacy_reset)(CUdevice);
     /* devices, for `devs`: looked up through the same door, not printed */
     CUresult (*device_count)(int *);
     CUresult (*device_get)(CUdevice *, int);
@@ -158,6 +165,19 @@ static struct {
     X("cuIpcGetMemHandle", "cuIpcGetMemHandle", ipc_get)                         \
     X("cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle", ipc_open)
 
+/* The legacy (unsuffixed) ABIs a driver hands out for a base name asked for
+ * below the version its _v2 appeared in: name in the driver (the second with
+ * --ptds), base name, the cudaVersion the getProcAddress door asks with (its
+ * own cuGetProcAddress: the 4-argument one below 12000), slot. Each resolves
+ * to a "legacy" line whose `same` says whether it is what dlsym of that name
+ * gives (under the shim: the wrapper of exactly that ABI). */
+#define LEGACY(X)                                                                                         \
+    X("cuStreamBeginCapture", "cuStreamBeginCapture_ptsz", "cuStreamBeginCapture", 10000, legacy_begin_capture) \
+    X("cuGraphInstantiate", "cuGraphInstantiate", "cuGraphInstantiate", 10000, legacy_instantiate)          \
+    X("cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease", 10020,          \
+      legacy_release)                                                                                     \
+    X("cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset", 10020, legacy_reset)
+
 #ifdef VIA_LINK
 /* Declared by their driver names, typed later through the table's slots. */
 typedef void (*any_fn)(void);
@@ -168,6 +188,8 @@ extern void link_ctx_create_v4(void) __asm__("cuCtxCreate_v4");
 extern void link_device_count(void) __asm__("cuDeviceGetCount");
 extern void link_device_get(void) __asm__("cuDeviceGet");
 extern void link_device_uuid(void) __asm__("cuDeviceGetUuid_v2");
+#define DECLARE_LEGACY(name, ptsz_name, base, version, slot) extern void link_##slot(void) __asm__(name);
+LEGACY(DECLARE_LEGACY)
 #endif
 
 static int cuda_version = 13000;
@@ -183,6 +205,18 @@ static void where(const char *name, void *fn) {
     printf("resolve name=%s lib=%s\n", name, fn ? lib : "(null)");
 }
 
+/* A legacy entry point `fn` that should be the driver's `name`: where it
+ * lives, and whether dlsym(h, name) gives the same address. */
+static void legacy_where(void *h, const char *name, void *fn) {
+    Dl_info info;
+    const char *lib = "(null)";
+    if (fn && dladdr(fn, &info) && info.dli_fname) {
+        lib = strrchr(info.dli_fname, '/');
+        lib = lib ? lib + 1 : info.dli_fname;
+    }
+    printf("legacy name=%s lib=%s same=%d\n", name, lib, fn != NULL && fn == dlsym(h, name));
+}
+
 static int resolve(const char *via) {
 #ifdef VIA_LINK
     if (strcmp(via, "link") == 0) {
@@ -192,6 +226,8 @@ static int resolve(const char *via) {
         memcpy(&cu.device_count, &(any_fn){link_device_count}, sizeof(any_fn));
         memcpy(&cu.device_get, &(any_fn){link_device_get}, sizeof(any_fn));
         memcpy(&cu.device_uuid, &(any_fn){link_device_uuid}, sizeof(any_fn));
+#define ASSIGN_LEGACY(name, ptsz_name, base, version, slot) ASSIGN(name, base, slot)
+        LEGACY(ASSIGN_LEGACY)
         return 0;
     }
 #endif
@@ -208,6 +244,13 @@ static int resolve(const char *via) {
         memcpy(&cu.device_count, &dc, sizeof dc);
         memcpy(&cu.device_get, &dg, sizeof dg);
         memcpy(&cu.device_uuid, &du, sizeof du);
+#define LEGACY_BY_DLSYM(name, ptsz_name, base, version, slot)                       \
+    {                                                                               \
+        void *p = dlsym(h, ptds ? ptsz_name : name);                                \
+        memcpy(&cu.slot, &p, sizeof p);                                             \
+        legacy_where(h, ptds ? ptsz_name : name, p);                                \
+    }
+        LEGACY(LEGACY_BY_DLSYM)
         return 0;
     }
     /* cudart's way: one dlsym, then getProcAddress for everything, itself included. */
@@ -230,6 +273,10 @@ static int resolve(const char *via) {
         where(base, p);                                                                \
     }
     ENTRIES(BY_PROC)
+    if (cuda_version < 12000) { /* the base name means cuGraphInstantiate_v2 there, not ...WithFlags */
+        memcpy(&cu.graph_instantiate_v2, &cu.graph_instantiate, sizeof cu.graph_instantiate);
+        cu.graph_instantiate = NULL;
+    }
     void *p = NULL;
     if (gp2) gp2("cuCtxCreate", &p, cuda_version, flags, &st);
     else gp1("cuCtxCreate", &p, cuda_version, flags);
@@ -245,6 +292,17 @@ static int resolve(const char *via) {
         if (r != CUDA_SUCCESS) p = NULL;
         memcpy(devices[i].slot, &p, sizeof p);
     }
+    /* The legacy ABIs, asked for at their old versions through the same
+     * cuGetProcAddress: the 4-argument one below 12000 (as cudart 11 resolves). */
+#define LEGACY_BY_PROC(name, ptsz_name, base, version, slot)                                     \
+    {                                                                                            \
+        p = NULL;                                                                                \
+        CUresult r = gp2 ? gp2(base, &p, version, flags, &st) : gp1(base, &p, version, flags);    \
+        if (r != CUDA_SUCCESS) p = NULL;                                                         \
+        memcpy(&cu.slot, &p, sizeof p);                                                          \
+        legacy_where(h, ptds ? ptsz_name : name, p);                                             \
+    }
+    LEGACY(LEGACY_BY_PROC)
     return 0;
 }
 
@@ -534,6 +592,8 @@ static bool memory_command(const char *c, const char *text, unsigned long long a
         printf("capture rc=%d\n", cu.begin_capture(stream, CU_STREAM_CAPTURE_MODE_RELAXED));
     } else if (strcmp(c, "mcapture") == 0) { /* a capture begun in mode a (0 global, 1 thread-local, 2 relaxed) */
         printf("mcapture rc=%d\n", cu.begin_capture(stream, (CUstreamCaptureMode)a));
+    } else if (strcmp(c, "lcapture") == 0) { /* the legacy cuStreamBeginCapture(_ptsz): GLOBAL, no mode */
+        printf("lcapture rc=%d\n", cu.legacy_begin_capture(stream));
     } else if (strcmp(c, "slaunch") == 0) { /* b kernels of a us on the stream, no synchronize */
         CUmodule mod;
         CUfunction fn;
@@ -564,7 +624,16 @@ static bool memory_command(const char *c, const char *text, unsigned long long a
         CUgraphNode node;
         printf("graphalloc rc=%d\n", cu.graph_add_alloc(&node, graph, NULL, 0, &params));
     } else if (strcmp(c, "instantiate") == 0) { /* "instantiate:2": with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD */
-        printf("instantiate rc=%d\n", cu.graph_instantiate(&exec, graph, a));
+        CUgraphNode error_node = NULL;
+        char log[256];
+        r = cu.graph_instantiate      ? cu.graph_instantiate(&exec, graph, a)
+            : cu.graph_instantiate_v2 ? cu.graph_instantiate_v2(&exec, graph, &error_node, log, sizeof log)
+                                      : CUDA_ERROR_NOT_FOUND;
+        printf("instantiate rc=%d\n", r);
+    } else if (strcmp(c, "linstantiate") == 0) { /* the legacy cuGraphInstantiate (the parameters of _v2) */
+        CUgraphNode error_node = NULL;
+        char log[256];
+        printf("linstantiate rc=%d\n", cu.legacy_instantiate(&exec, graph, &error_node, log, sizeof log));
     } else if (strcmp(c, "glaunch") == 0) {
         r = cu.graph_launch(exec, stream);
         if (r == CUDA_SUCCESS) r = cu.stream_sync(stream);
@@ -634,6 +703,10 @@ static void run_command(const char *arg) {
         printf("ctx rc=%d\n", r);
     } else if (strcmp(c, "release") == 0) {
         printf("release rc=%d\n", cu.primary_release((CUdevice)a));
+    } else if (strcmp(c, "lrelease") == 0) { /* the legacy cuDevicePrimaryCtxRelease */
+        printf("lrelease rc=%d\n", cu.legacy_release((CUdevice)a));
+    } else if (strcmp(c, "lreset") == 0) { /* the legacy cuDevicePrimaryCtxReset */
+        printf("lreset rc=%d\n", cu.legacy_reset((CUdevice)a));
     } else if (strcmp(c, "newctx") == 0) {
         r = cu.ctx_create_v4 ? cu.ctx_create_v4(&ctx, NULL, 0, (CUdevice)a) : cu.ctx_create_v2(&ctx, 0, (CUdevice)a);
         printf("newctx rc=%d\n", r);

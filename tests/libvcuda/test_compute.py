@@ -424,19 +424,21 @@ def test_stopped_holder_is_reclaimed_after_its_budget(scheduler: AdminClient, cu
     assert stats["lat"]["wait_us"]["max"] <= 30_000, stats["lat"]  # a lease would be 50 + 10 ms
 
 
-@pytest.mark.parametrize("priority", ["normal", "high"])
+@pytest.mark.parametrize(("priority", "begin"), [("normal", "mcapture:0"), ("high", "mcapture:0"),
+                                                 ("normal", "lcapture")])
 def test_a_global_stream_capture_survives_the_token_client(scheduler: AdminClient, cuprobe: Path, shim: Path,
                                                            sim_env: dict[str, str], tmp_path: Path,
-                                                           priority: str) -> None:
+                                                           priority: str, begin: str) -> None:
     """PyTorch captures CUDA graphs in GLOBAL mode: a synchronize or an event query from
     any thread of the process during the capture invalidates it. The token client drains
     the process's work at its idle looks and at the end of every lease, and the in-flight
     budget queries its checkpoints: a capture that spans several of those must still end
-    with a graph, and the graph must run."""
+    with a graph, and the graph must run. Also when it was begun with the legacy
+    cuStreamBeginCapture (no mode: GLOBAL), as the driver hands it out below 10010."""
     other = add(scheduler, "other", 50, 100)
     tenant = add(scheduler, "t", 50, 100, priority=priority)
     ph = spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "other", other), 1500, sync_every=50, kernel_us=500)
-    out = subprocess.run([str(cuprobe), "init", "ctx", "stream", "mcapture:0", "slaunch:200:300", "sleep:60",
+    out = subprocess.run([str(cuprobe), "init", "ctx", "stream", begin, "slaunch:200:300", "sleep:60",
                           "slaunch:200:300", "sleep:60", "endcapture", "instantiate", "glaunch"],
                          env=tenant_env(shim, sim_env, tmp_path, "t", tenant), capture_output=True, text=True,
                          timeout=60, check=False)

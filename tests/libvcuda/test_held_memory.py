@@ -45,8 +45,8 @@ class Container:
     cuprobe: Path
     probes: list[StepProbe] = field(default_factory=list)
 
-    def start(self, door: str = "proc") -> StepProbe:
-        probe = StepProbe(str(self.cuprobe), self.env, [f"--via={door}"])
+    def start(self, door: str = "proc", *flags: str) -> StepProbe:
+        probe = StepProbe(str(self.cuprobe), self.env, [f"--via={door}", *flags])
         self.probes.append(probe)
         return probe
 
@@ -100,8 +100,8 @@ def container(cuprobe: Path, shim: Path, sim_env: dict[str, str], tmp_path: Path
             p.close()
 
 
-def started(c: Container, door: str = "proc") -> StepProbe:
-    probe = c.start(door)
+def started(c: Container, door: str = "proc", *flags: str) -> StepProbe:
+    probe = c.start(door, *flags)
     c.ok(probe, "init", "ctx")
     return probe
 
@@ -266,6 +266,35 @@ def test_capture_loop_relaunch_destroy_trim(container: MakeContainer) -> None:
     c.ok(probe, "graphnew", f"graphalloc:{100 * MiB}", f"graphalloc:{100 * MiB}", "instantiate", "glaunch",
          "execdestroy", "graphtrim")
     assert c.check("end") == (OVERHEAD + 200 * MiB, OVERHEAD + 200 * MiB)
+
+
+# The doors a legacy ABI comes through: cuGetProcAddress (4 arguments, as below 12000) and
+# cuGetProcAddress_v2 asked at the legacy versions, with and without the per-thread flag, and dlsym.
+LEGACY_DOORS = [("proc", "--cuda-version=11040"), ("proc", "--cuda-version=13000", "--ptds"), ("dlsym",),
+                ("dlsym", "--ptds")]
+
+
+@pytest.mark.parametrize("door", LEGACY_DOORS, ids=" ".join)
+def test_legacy_abis_are_charged_like_their_v2(container: MakeContainer, door: tuple[str, ...]) -> None:
+    """The legacy cuStreamBeginCapture(_ptsz) (below 10010), cuGraphInstantiate and
+    cuDevicePrimaryCtxRelease/Reset (below 11000), as a runtime asking for an old
+    cudaVersion gets them: a capture begun with one is followed, a graph instantiated
+    with one is charged, a primary context released or reset with one is refunded."""
+    c = container(512 * MiB)
+    probe = started(c, *door)
+    assert c.step(probe, "stream")["rc"] == "0"
+    footprint = 96 * MiB
+    for begin, instantiate in (("lcapture", "instantiate"), ("capture", "linstantiate")):
+        c.ok(probe, begin, f"calloc:{64 * MiB}", f"calloc:{32 * MiB}", "cfree", "cfree", "endcapture",
+             instantiate)
+        assert c.check(f"{begin} {instantiate}")[1] == OVERHEAD + footprint
+        c.ok(probe, "glaunch", "execdestroy", "graphdestroy", "graphtrim")
+        assert c.check("trimmed") == (OVERHEAD, OVERHEAD)
+    c.ok(probe, f"alloc:{8 * MiB}", "lrelease:0")
+    assert c.check("released") == (0, 0)
+    c.ok(probe, "ctx", f"alloc:{8 * MiB}", "lreset:0")
+    assert c.check("reset") == (0, 0)
+    assert "does not know" not in probe.stderr()
 
 
 def test_shared_memory_is_charged_once_at_its_creator(container: MakeContainer) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import BuildC
 from shimtest import OVERHEAD, Runner
 
 from py_vcuda import native
@@ -29,10 +31,12 @@ PASSED_THROUGH = {"cuDeviceGetDefaultMemPool", "cuModuleLoadData", "cuMemPoolGet
                   "cuLibraryLoadData", "cuStreamCreate", "cuGraphCreate", "cuDeviceGetGraphMemAttribute",
                   "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle", "cuMemAddressReserve",
                   "cuMemMap", "cuMemSetAccess", "cuIpcGetMemHandle", "cuIpcOpenMemHandle"}
-# Entry points younger than CUDA 11.3 (the simulator maps cuGraphInstantiate only
-# from 12.0, to cuGraphInstantiateWithFlags).
-NEWER_THAN_11030 = {"cuLibraryLoadData", "cuLibraryGetKernel", "cuKernelGetFunction", "cuGraphInstantiate",
+# Entry points younger than CUDA 11.3 (cuGraphInstantiate is cuGraphInstantiate_v2
+# there, cuGraphInstantiateWithFlags from 12.0).
+NEWER_THAN_11030 = {"cuLibraryLoadData", "cuLibraryGetKernel", "cuKernelGetFunction",
                     "cuGraphAddMemAllocNode", "cuDeviceGraphMemTrim", "cuDeviceGetGraphMemAttribute"}
+# The legacy ABIs cuprobe resolves (its LEGACY table), by the name the driver has them under.
+LEGACY = {"cuStreamBeginCapture", "cuGraphInstantiate", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset"}
 
 
 def base(name: str) -> str:
@@ -91,6 +95,71 @@ def test_getprocaddress_door_like_cudart(run_probe: Runner, version: int, ptds: 
             assert lib == native.SIM_CUDA, f"{name} should pass through"
     # A second context costs another overhead: the quota is already full.
     assert res.rc("newctx") == 2
+
+
+LEGACY_DOORS = [("--via=proc", "--cuda-version=11030"), ("--via=proc", "--cuda-version=11030", "--ptds"),
+                ("--via=proc", "--cuda-version=12000"), ("--via=proc", "--cuda-version=13000", "--ptds"),
+                ("--via=dlsym",), ("--via=dlsym", "--ptds")]
+
+
+@pytest.mark.parametrize("door", LEGACY_DOORS, ids=" ".join)
+def test_legacy_abis_come_back_as_the_shims_wrappers(run_probe: Runner, door: tuple[str, ...]) -> None:
+    """A runtime that asks cuGetProcAddress (4 arguments below 12000) or cuGetProcAddress_v2
+    for a base name at a version below its _v2 gets the legacy ABI: cuStreamBeginCapture
+    (_ptsz with the per-thread flag) below 10010, cuGraphInstantiate and
+    cuDevicePrimaryCtxRelease/Reset below 11000. Each must come back as the shim's
+    wrapper of exactly that ABI (the one dlsym of the legacy name gives), silently."""
+    legacy = LEGACY - {"cuStreamBeginCapture"} | {"cuStreamBeginCapture_ptsz" if "--ptds" in door
+                                                    else "cuStreamBeginCapture"}
+    for preload, lib in ((False, native.SIM_CUDA), (True, native.SHIM)):
+        res = run_probe([*door, "init"], preload=preload)
+        assert res.rc("init") == 0, res.stderr
+        found = {d["name"]: d for d in res.lines if d["cmd"] == "legacy"}
+        assert set(found) == legacy
+        for name, line in found.items():
+            assert (line["lib"], line["same"]) == (lib, "1"), f"{name} resolved to {line}"
+        assert "does not know" not in res.stderr, res.stderr
+
+
+def odd_driver_env(build_c: BuildC, shim: Path, tmp_path: Path) -> dict[str, str]:
+    """The shim over tests/c/odd_driver.c, a driver that hands out entry points the shim does not know."""
+    odd = build_c(["odd_driver.c"], flags=["-shared", "-fPIC"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_")}
+    env.update(LD_PRELOAD=str(shim), VCUDA_REAL_LIBCUDA=str(odd), VCUDA_LEDGER=str(tmp_path / "ledger"))
+    return env
+
+
+def test_an_entry_point_the_shim_does_not_know_is_named_in_its_warning(build_c: BuildC, shim: Path,
+                                                                         tmp_path: Path) -> None:
+    """What cuGetProcAddress returned for a hooked base name that matches no hook passes through,
+    and the warning says what it was asked (cudaVersion, flags) and what the address is: which of
+    the driver's exports of that name (the bare one: the legacy ABI), or none; and the real
+    addresses of the variants the shim hooks."""
+    args = ["cuStreamBeginCapture", "12345", "2", "cuDevicePrimaryCtxReset", "10000", "4arg",
+            "cuCtxCreate", "3000", "0"]
+    out = subprocess.run([str(build_c(["sim_procaddr.c"])), *args], env=odd_driver_env(build_c, shim, tmp_path),
+                         capture_output=True, text=True, timeout=30, check=True)
+    # Passed through: the caller gets the driver's own entry points.
+    assert [row.split()[-1] for row in out.stdout.splitlines()] == ["?", "cuDevicePrimaryCtxReset_v3",
+                                                                    "cuCtxCreate"]
+    warnings = [line for line in out.stderr.splitlines() if "vcuda does not know" in line]
+    assert len(warnings) == 3, out.stderr
+    capture, reset, create = warnings
+    assert 'cuGetProcAddress("cuStreamBeginCapture", cudaVersion 12345, flags 0x2)' in capture
+    assert "none of the driver's exports cuStreamBeginCapture[_v2|_v3|_v4][_ptsz|_ptds]" in capture
+    assert re.search(r"vcuda hooks cuStreamBeginCapture_v2=0x[0-9a-f]+ cuStreamBeginCapture_v2_ptsz=absent "
+                     r"cuStreamBeginCapture=absent cuStreamBeginCapture_ptsz=absent\)$", capture), capture
+    assert 'cuGetProcAddress("cuDevicePrimaryCtxReset", cudaVersion 10000, flags 0)' in reset
+    assert "the driver's export cuDevicePrimaryCtxReset_v3 (dladdr: cuDevicePrimaryCtxReset_v3+0" in reset
+    assert "the driver's export cuCtxCreate (the legacy ABI)" in create
+
+
+def test_legacy_entry_points_a_driver_lacks(build_c: BuildC, shim: Path, tmp_path: Path) -> None:
+    """A driver without the legacy entry points the shim hooks still loads; the shim's exports of
+    them, called anyway, return CUDA_ERROR_NOT_FOUND."""
+    out = subprocess.run([str(build_c(["legacy_calls.c"]))], env=odd_driver_env(build_c, shim, tmp_path),
+                         capture_output=True, text=True, timeout=30, check=True)
+    assert sorted(out.stdout.splitlines()) == sorted(f"{name} 500" for name in LEGACY | {"cuStreamBeginCapture_ptsz"})
 
 
 def test_without_preload_nothing_is_limited(run_probe: Runner) -> None:

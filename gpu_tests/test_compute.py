@@ -33,9 +33,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,32 +217,96 @@ def need(kind: str) -> None:
         pytest.skip(f"{module} is not importable in {sys.executable}")
 
 
+# `vcuda run --core` registers its tenant with the GPU's token scheduler, a daemon that outlives
+# the run and saves its tenant list under `vcuda run`'s runtime directory ($XDG_RUNTIME_DIR, else
+# $TMPDIR or /tmp: /tmp/vcuda-<uid>/scheduler-gpu-<UUID>/). A `vcuda run` that is SIGKILLed (a
+# failed test's cleanup, pytest-timeout, an outer timeout) never unregisters its tenant, and its
+# command lives on as an orphan. The scheduler then refuses every later request that would take
+# the requests past 100 % ("requests would sum to 130% > 100%"), `vcuda run` exits 1 before its
+# command starts, and every test from there on fails - this run's and the next ones' on the same
+# machine. So the tenants here run under a runtime directory of this module's own (short: the
+# tenant socket path, which names the GPU UUID, must fit in 107 bytes), their schedulers are
+# stopped at the end, and a failing group is stopped with SIGTERM, which `vcuda run` passes to
+# its command before it unregisters the tenant.
+_VCUDA_RUN_ENV: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_scheduler_runtime() -> Iterator[Path]:
+    """A fresh runtime directory for this module's `vcuda run`s; their schedulers stopped after."""
+    path = Path(tempfile.mkdtemp(prefix="", dir="/tmp"))
+    _VCUDA_RUN_ENV["XDG_RUNTIME_DIR"] = str(path)
+    try:
+        yield path
+    finally:
+        _VCUDA_RUN_ENV.clear()
+        _stop_schedulers(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _stop_schedulers(runtime: Path) -> None:
+    """SIGTERM each token_scheduler daemon serving a scheduler directory under `runtime`."""
+    from token_scheduler import dirlock
+
+    for directory in runtime.glob("vcuda-*/scheduler-*"):
+        pid = dirlock.lock_holder(directory) or dirlock.holder_pid(directory)
+        if pid is None or not dirlock.is_daemon_for(pid, directory):
+            continue
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        deadline = time.monotonic() + 5
+        while dirlock.is_daemon_for(pid, directory) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _stop_children(children: Sequence[Any], timeout_s: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL what is left: `vcuda run` passes SIGTERM on to its command and then
+    unregisters its tenant (a SIGKILLed one leaves it registered, see above)."""
+    for child in children:
+        if child.proc.poll() is None:
+            child.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for child in children:
+        try:
+            child.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
 def run_group(py: Any, gpu: dict[str, Any], baseline_env: dict[str, str], specs: Sequence[Spec],
               iters: int) -> list[dict[str, Any]]:
     """Start every process of `specs` together; returns each one's `done` figures."""
     children = []
-    for spec in specs:
-        cfg = {"kind": spec.kind, "iters": iters, "seconds": SECONDS, "warmup": WARMUP, **dict(spec.extra)}
-        prefix: list[str] = []
-        if spec.core is not None:
-            prefix = [sys.executable, "-m", "py_vcuda", "run", "--core", str(spec.core)]
-            if spec.limit is not None:
-                prefix += ["--core-limit", str(spec.limit)]
-            if spec.priority is not None:
-                prefix += ["--priority", spec.priority]
-            prefix += ["--gpu", gpu["uuid"], "--"]
-        children.append(py.spawn(WORKER, baseline_env, prefix=prefix, argv=[json.dumps(cfg)], label=spec.label))
-    for child in children:
-        child.read(timeout=300)  # ready: compiled, warmed up
-    for child in children:
-        child.go()
-    results = []
-    for spec, child in zip(specs, children, strict=True):
-        msg = child.read(timeout=SECONDS + WARMUP + 300)
-        rc = child.proc.wait(timeout=120)
-        assert rc == 0, f"{spec.label}: exit status {rc}; stderr:\n{child.stderr()}"
-        results.append({"label": spec.label, "kind": spec.kind, "core": spec.core, "limit": spec.limit,
-                        **{k: v for k, v in msg.items() if k != "pid"}})
+    try:
+        for spec in specs:
+            cfg = {"kind": spec.kind, "iters": iters, "seconds": SECONDS, "warmup": WARMUP, **dict(spec.extra)}
+            prefix: list[str] = []
+            env = baseline_env
+            if spec.core is not None:
+                prefix = [sys.executable, "-m", "py_vcuda", "run", "--core", str(spec.core)]
+                if spec.limit is not None:
+                    prefix += ["--core-limit", str(spec.limit)]
+                if spec.priority is not None:
+                    prefix += ["--priority", spec.priority]
+                prefix += ["--gpu", gpu["uuid"], "--"]
+                env = {**baseline_env, **_VCUDA_RUN_ENV}
+            children.append(py.spawn(WORKER, env, prefix=prefix, argv=[json.dumps(cfg)], label=spec.label))
+        for child in children:
+            child.read(timeout=300)  # ready: compiled, warmed up
+        for child in children:
+            child.go()
+        results = []
+        for spec, child in zip(specs, children, strict=True):
+            msg = child.read(timeout=SECONDS + WARMUP + 300)
+            rc = child.proc.wait(timeout=120)
+            assert rc == 0, f"{spec.label}: exit status {rc}; stderr:\n{child.stderr()}"
+            results.append({"label": spec.label, "kind": spec.kind, "core": spec.core, "limit": spec.limit,
+                            **{k: v for k, v in msg.items() if k != "pid"}})
+    except BaseException:
+        _stop_children(children)
+        raise
     return results
 
 

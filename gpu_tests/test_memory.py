@@ -420,19 +420,33 @@ gpa.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, 
                 ctypes.POINTER(ctypes.c_int)]
 drv = ctypes.c_int()
 cu.cuDriverGetVersion(ctypes.byref(drv))
-versions = sorted({v for v in (11030, 12000, 12080, drv.value) if v <= drv.value})
+# 10000 too: a runtime may ask an old version for an entry point and get its legacy ABI
+# (cuStreamBeginCapture before _v2), which must be wrapped as well.
+versions = sorted({v for v in (10000, 11030, 12000, 12080, drv.value) if v <= drv.value})
 table = []
 def resolve(name, version, flags):
     fn, status = ctypes.c_void_p(), ctypes.c_int(-1)
     rc = gpa(name.encode(), ctypes.byref(fn), version, flags, ctypes.byref(status))
     return rc, status.value, fn.value
+def export_of(name, addr):
+    # which exported variant of `name` the driver handed out (dlsym; hooked names give wrappers)
+    for suffix in ("", "_v2", "_v3", "_v4", "_ptsz", "_ptds", "_v2_ptsz", "_v2_ptds"):
+        try:
+            if ctypes.cast(getattr(cu, name + suffix), ctypes.c_void_p).value == addr:
+                return name + suffix
+        except AttributeError:
+            pass
+    return None
 for group, names in (("hooked", hooked), ("passed", passed)):
     for name in names:
         for version in versions:
             for flags in (0, 2):  # CU_GET_PROC_ADDRESS_DEFAULT, _PER_THREAD_DEFAULT_STREAM
                 rc, status, addr = resolve(name, version, flags)
-                table.append({"group": group, "name": name, "version": version, "flags": flags, "rc": rc,
-                              "status": status, "owner": owner(addr) if rc == 0 else None})
+                row = {"group": group, "name": name, "version": version, "flags": flags, "rc": rc,
+                       "status": status, "owner": owner(addr) if rc == 0 else None}
+                if row["owner"] and row["owner"].startswith("libcuda"):
+                    row["export"] = export_of(name, addr)
+                table.append(row)
 # Drive the resolved entry points (cudaVersion 12000, as a CUDA 12 runtime would).
 F = ctypes.CFUNCTYPE
 def get(name, proto):
@@ -479,12 +493,15 @@ def test_proc_address_v2_returns_hooks(py, make_tenant, record) -> None:
     child.finish()
     stderr = child.stderr()
     table = out["table"]
-    resolved = [r for r in table if r["rc"] == 0]
+    # status 0: found; 1 (symbol not found) and 2 (version not sufficient) hand out NULL, as
+    # for cuKernelGetFunction asked with cudaVersion 11030: nothing to wrap.
+    resolved = [r for r in table if r["rc"] == 0 and r["status"] == 0]
+    absent = sorted({f"{r['name']}@{r['version']}" for r in table if r["rc"] == 0 and r["status"] != 0})
     shim_name = os.path.basename(tenant.env["LD_PRELOAD"].split()[0])  # libvcuda.so
     escaped = [r for r in resolved if r["group"] == "hooked" and r["owner"] != shim_name]
     wrapped = [r for r in resolved if r["group"] == "passed" and r["owner"] == shim_name]
     record(driver_version=out["driver_version"], versions=out["versions"], lookups=len(table),
-           resolved=len(resolved), escaped=escaped, wrongly_wrapped=wrapped, total=out["total"],
+           resolved=len(resolved), absent=absent, escaped=escaped, wrongly_wrapped=wrapped, total=out["total"],
            over_quota_rc=out["over_quota_rc"], in_quota_rc=out["in_quota_rc"], ledger=ledger,
            owners=sorted({f"{r['name']}@{r['version']}/{r['flags']}: {r['owner']}" for r in resolved}))
     assert "vcuda does not know" not in stderr, stderr

@@ -81,17 +81,40 @@ done(count=n, total=int(total), sms=int(sms))
 """
 
 
+MIG_MODES = """
+import pynvml
+pynvml.nvmlInit()
+modes = []
+for i in range(pynvml.nvmlDeviceGetCount()):
+    try:
+        modes.append(int(pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByIndex(i))[0]))
+    except pynvml.NVMLError:  # a GPU without MIG support
+        modes.append(0)
+done(modes=modes)
+"""
+
+NO_MIG = ("no GPU here is in MIG mode with MIG devices; these tests never change MIG settings "
+          "(enable MIG and create instances yourself to run them)")
+
+
 @pytest.fixture(scope="module")
 def node(py_module: Any, no_shim_env: dict[str, str]) -> dict[str, Any]:
     """The node's MIG view and pgpu's mixed offer, read by vcuda's own code in a child process
-    (run from the checkout, so it imports this vcuda)."""
+    (run from the checkout, so it imports this vcuda). Skipped, before vcuda's device plugin is
+    imported, where NVML shows no GPU in MIG mode."""
+    if importlib.util.find_spec("pynvml") is None:
+        pytest.skip("nvidia-ml-py (pynvml) is not importable: cannot tell whether a GPU is in MIG mode")
+    modes = py_module.run(MIG_MODES, no_shim_env, timeout=60)
+    if modes.rc != 0 or "modes" not in modes.data:
+        pytest.fail(f"reading the GPUs' MIG mode failed (rc={modes.rc}):\n{modes.stderr[-4000:]}")
+    if not any(modes.data["modes"]):
+        pytest.skip(NO_MIG)
     res = py_module.run(VIEW, no_shim_env, timeout=120)
     if res.rc != 0 or "gpus" not in res.data:
         pytest.fail(f"reading the node's MIG view failed (rc={res.rc}):\n{res.stderr[-4000:]}")
     usable = [g for g in res.data["gpus"] if g["enabled"] and g["devices"]]
     if not usable:
-        pytest.skip("no GPU here is in MIG mode with MIG devices; these tests never change MIG settings "
-                    "(enable MIG and create instances yourself to run them)")
+        pytest.skip(NO_MIG)
     return res.data
 
 

@@ -11,6 +11,7 @@ token_scheduler daemon (window 10 s, the default) decides. Scenarios:
   fresh           A busy 20 s; then B 13/13 registered and busy at once
   elastic         B 13 request, 60 limit, busy; A 50/50 registered, idle 20 s, then busy
   three           20/20, 30/30 and 50/50, all busy
+  pair            30/30 and 60/60, both busy (the monitoring tests' loaded GPU)
 
 Per tenant, from 1 s after it starts to 1 s before the end (GPU time the
 simulator served it, sampled every 10 ms): the lowest and highest share over
@@ -38,7 +39,9 @@ with VCUDA_LIB_DIR and PYTHONPATH pointing at a build and the checkout.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -57,6 +60,8 @@ from token_scheduler.policy import PolicyConfig  # noqa: E402
 from token_scheduler.shares import cumulative, extreme_shares, share_between  # noqa: E402
 from token_scheduler.simulate import SimTenant, Simulation  # noqa: E402
 
+GPU_TRAIN = REPO / "bench" / "gpu_train.py"
+LEASE_LINE = re.compile(r"quantum (?P<quantum>\d+) us, held (?P<held>\d+) us")
 SECOND = 1_000_000_000
 KERNEL_US, DEPTH = 2000, 10
 SAMPLE_S = 0.01
@@ -78,6 +83,7 @@ SCENARIOS: dict[str, tuple[list[Load], float]] = {
     "fresh": ([Load("A", 50, 50, 0, 0), Load("B", 13, 13, 20, 20)], 32),
     "elastic": ([Load("A", 50, 50, 0, 20), Load("B", 13, 60, 0, 0)], 32),
     "three": ([Load("A", 20, 20, 0, 0), Load("B", 30, 30, 0, 0), Load("C", 50, 50, 0, 0)], 16),
+    "pair": ([Load("A", 30, 30, 0, 0), Load("B", 60, 60, 0, 0)], 16),
 }
 
 
@@ -162,6 +168,79 @@ def run_scenario(exe: Path, tmp: Path, tag: str, loads: list[Load], seconds: flo
     return Run(tenants, grants / seconds, 100 * cpu / seconds, float(reply["held_back_ms"]) / seconds / 10)
 
 
+def calibrate_gpu() -> tuple[int, int]:
+    """(spin iterations, nanoseconds) of a KERNEL_US kernel on this GPU, measured without the shim."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_") and k != "LD_PRELOAD"}
+    out = subprocess.run([sys.executable, str(GPU_TRAIN), "calibrate", str(KERNEL_US)], env=env,
+                         capture_output=True, text=True, timeout=300, check=True)
+    reply = json.loads(out.stdout.splitlines()[-1])
+    return int(reply["iters"]), int(reply["kernel_ns"])
+
+
+def holds_past_leases(log: Path) -> list[float]:
+    """Milliseconds each lease was held past its quantum, from the shim's debug log."""
+    return [(int(m["held"]) - int(m["quantum"])) / 1000 for m in LEASE_LINE.finditer(log.read_text(errors="replace"))]
+
+
+def run_gpu_scenario(kernel: tuple[int, int], tmp: Path, tag: str, loads: list[Load], seconds: float,
+                     policy: str, logs: Path | None) -> Run:
+    """The scenario on this machine's GPU: each tenant bench/gpu_train.py under libvcuda,
+    its GPU time read from when each of its kernels ended (CUDA events)."""
+    if any(load.register_s for load in loads):
+        raise SystemExit("--gpu: tenants registered late (fresh) are not supported; use --only")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_") and k != "LD_PRELOAD"}
+    procs: dict[str, subprocess.Popen[str]] = {}
+    with scheduler("--short-horizon", policy) as (daemon, admin):
+        try:
+            for load in loads:
+                reply = admin.call("add", tenant=load.name, request=load.request, limit=load.limit)
+                env = tenant_env(Tenant(log_level="debug" if logs else None), base, tmp / f"{tag}-{load.name}.ledger")
+                env["VCUDA_SCHEDULER"] = str(reply["endpoint"])
+                err = open(logs / f"{tag}-{load.name}.log", "w") if logs else subprocess.DEVNULL  # noqa: SIM115
+                procs[load.name] = subprocess.Popen(
+                    [sys.executable, str(GPU_TRAIN), "train", str(kernel[0]), str(kernel[1]), str(DEPTH)],
+                    env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+            for name, proc in procs.items():
+                assert proc.stdout is not None
+                if proc.stdout.readline().strip() != "ready":
+                    raise SystemExit(f"--gpu: tenant {name}'s workload did not start (exit {proc.wait()})")
+            t0 = time.monotonic_ns() + SECOND // 5
+            end = t0 + int(seconds * SECOND)
+            for load in loads:
+                stdin = procs[load.name].stdin
+                assert stdin is not None
+                stdin.write(f"{t0 + int(load.start_s * SECOND)} {end}\n")
+                stdin.flush()
+            time.sleep(max(0.0, t0 / 1e9 - time.monotonic()))
+            cpu0 = cpu_seconds(daemon.pid)
+            time.sleep(max(0.0, end / 1e9 - time.monotonic()) + 0.1)
+            cpu = cpu_seconds(daemon.pid) - cpu0
+            reply = admin.call("stats")
+            out = {name: proc.communicate(timeout=120)[0] for name, proc in procs.items()}
+        finally:
+            kill_all(procs.values())
+    tenants = {}
+    for load in loads:
+        intervals = [(a, b) for a, b in json.loads(out[load.name].splitlines()[-1])["intervals"]]
+        if logs:
+            (logs / f"{tag}-{load.name}.intervals.json").write_text(json.dumps({"t0": t0, "intervals": intervals}))
+        tenants[load.name] = figures(cumulative(intervals), t0 + int(load.start_s * SECOND), end - SECOND)
+    grants = sum(s["grants"] + s["renewals"] for s in reply["tenants"].values())
+    return Run(tenants, grants / seconds, 100 * cpu / seconds, float(reply["held_back_ms"]) / seconds / 10)
+
+
+def report_holds(logs: Path, name: str, loads: list[Load]) -> None:
+    """How long each tenant held its leases past their end, per policy (the shim's debug log)."""
+    for policy in POLICIES:
+        for load in loads:
+            past = sorted(x for f in sorted(logs.glob(f"{name}-{policy}-*-{load.name}.log"))
+                          for x in holds_past_leases(f))
+            if past:
+                q = [past[min(len(past) - 1, int(p * len(past)))] for p in (0.1, 0.5, 0.9)]
+                print(f"  holds past the lease, {policy:<4}{load.name}: {len(past)} leases, "
+                      f"p10 {q[0]:.1f} / median {q[1]:.1f} / p90 {q[2]:.1f} / max {past[-1]:.1f} ms")
+
+
 def span(pair: tuple[float, float]) -> str:
     return f"{pair[0]:5.1f}-{pair[1]:5.1f}"
 
@@ -209,21 +288,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios")
     parser.add_argument("--fake-clock", action="store_true",
                         help="the policy alone on a fake clock (exact, in a second) instead of the simulator")
+    parser.add_argument("--gpu", action="store_true",
+                        help="on this machine's real GPU (CuPy), each tenant's GPU time from its kernels' CUDA "
+                             "events, instead of the simulator; scenarios whose tenants all register at once")
+    parser.add_argument("--shim-log", type=Path, metavar="DIR",
+                        help="with --gpu: keep each tenant's libvcuda debug log and its kernels' times in DIR, "
+                             "and print how long it held its leases past their end")
     args = parser.parse_args(argv)
+    if args.shim_log and not args.gpu:
+        parser.error("--shim-log needs --gpu")
+    names = args.only.split(",")
+    if unknown := [n for n in names if n not in SCENARIOS]:
+        parser.error(f"unknown scenario {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
     missed: list[str] = []
     with tempfile.TemporaryDirectory(prefix="vcuda-bench-") as d:
         tmp = Path(d)
-        exe = None if args.fake_clock else build(tmp)
-        for name in args.only.split(","):
+        exe = None if args.fake_clock or args.gpu else build(tmp)
+        kernel = calibrate_gpu() if args.gpu else None
+        if kernel:
+            print(f"GPU spin kernel: {kernel[0]} iterations, {kernel[1] / 1000:.0f} us")
+            if args.shim_log:
+                args.shim_log.mkdir(parents=True, exist_ok=True)
+        for name in names:
             loads, seconds = SCENARIOS[name]
             runs = {}
             for policy in POLICIES:
-                if exe is None:  # deterministic: one run
+                if kernel:
+                    runs[policy] = [run_gpu_scenario(kernel, tmp, f"{name}-{policy}-{i}", loads, seconds, policy,
+                                                     args.shim_log) for i in range(args.runs)]
+                elif exe is None:  # deterministic: one run
                     runs[policy] = [run_fake_clock(loads, seconds, policy)]
                 else:
                     runs[policy] = [run_scenario(exe, tmp, f"{name}-{policy}-{i}", loads, seconds, policy)
                                     for i in range(args.runs)]
             missed += report(name, loads, runs)
+            if args.shim_log:
+                report_holds(args.shim_log, name, loads)
     print("\ngoals (new policy): " + ("all met" if not missed else "MISSED:\n  " + "\n  ".join(missed)))
     return 0
 

@@ -1,0 +1,97 @@
+"""bench/horizon_bench.py --gpu without a GPU: its plumbing (scheduler, tenants under the
+shim, start/end handshake, kernel intervals, figures, kept logs) against a stand-in CuPy
+whose kernels take wall time, so the bench does not rot between the sessions that have a
+GPU. The figures themselves are the hardware's (gpu_tests/RESULTS.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A CuPy stand-in: a kernel "runs" for iters / 2,000,000 s after the previous one ends.
+FAKE_CUPY = '''
+import time
+from . import cuda
+__version__ = "fake"
+int32 = int
+float32 = float
+def zeros(n, dtype=None):
+    return [0.0] * n
+class RawModule:
+    def __init__(self, code):
+        pass
+    def get_function(self, name):
+        def fn(grid, block, args):
+            cuda.busy_until = max(cuda.busy_until, time.monotonic()) + args[1] / 2_000_000
+        return fn
+'''
+FAKE_CUDA = '''
+import time
+busy_until = 0.0
+class _Device:
+    attributes = {"MultiProcessorCount": 4}
+def Device():
+    return _Device()
+class _Stream:
+    def synchronize(self):
+        time.sleep(max(0.0, busy_until - time.monotonic()))
+def get_current_stream():
+    return _Stream()
+class Event:
+    def record(self):
+        self.t = max(busy_until, time.monotonic())
+    def synchronize(self):
+        time.sleep(max(0.0, self.t - time.monotonic()))
+def get_elapsed_time(a, b):
+    return (b.t - a.t) * 1000
+'''
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("horizon_bench", REPO / "bench" / "horizon_bench.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    return module
+
+
+def test_gpu_mode_runs_both_policies_and_keeps_each_tenants_kernels(tmp_path, monkeypatch, capsys) -> None:
+    fake = tmp_path / "site" / "cupy"
+    (fake / "cuda").mkdir(parents=True)
+    (fake / "__init__.py").write_text(FAKE_CUPY)
+    (fake / "cuda" / "__init__.py").write_text(FAKE_CUDA)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'site'}:{REPO}")
+    bench = load_bench()
+    monkeypatch.setitem(bench.SCENARIOS, "steady", (bench.SCENARIOS["steady"][0], 3))
+    logs = tmp_path / "logs"
+    assert bench.main(["--gpu", "--only", "steady", "--runs", "1", "--shim-log", str(logs)]) == 0
+    out = capsys.readouterr().out
+    assert "GPU spin kernel:" in out
+    for policy in ("off", "on"):
+        assert f"A 50/50   {policy}" in out and f"B 13/13   {policy}" in out
+        for tenant in "AB":
+            kept = json.loads((logs / f"steady-{policy}-0-{tenant}.intervals.json").read_text())
+            spans = kept["intervals"]
+            # kernels back to back from the start to the end (the stand-in is never throttled)
+            assert spans and spans[0][0] >= kept["t0"] and spans[-1][1] >= kept["t0"] + 2_900_000_000
+            assert all(a <= b for a, b in spans)
+            assert (logs / f"steady-{policy}-0-{tenant}.log").exists()
+
+
+def test_holds_past_leases_reads_the_shims_lease_lines(tmp_path) -> None:
+    log = tmp_path / "t.log"
+    log.write_text("vcuda: debug: device 0 lease 1: quantum 10000 us, held 12500 us (drain 3 us), more\n"
+                   "vcuda: warning: something else\n"
+                   "vcuda: debug: device 0 lease 3: quantum 6548 us, held 5000 us (drain 1 us), done\n")
+    assert load_bench().holds_past_leases(log) == pytest.approx([2.5, -1.548])

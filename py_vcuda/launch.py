@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -20,12 +21,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node_state.layout import SCHEDULER_DIR_KEY, ContainerRecord, NodeLayout, ledger_in
+from node_state.layout import SCHEDULER_DIR_KEY, ContainerRecord, NodeLayout, gpu_key, ledger_in
 from py_vcuda import native
 from py_vcuda.memory_reconciler import Account, MemoryReconciler
 from py_vcuda.nvml import NVML, NVMLUnavailable, open_with_env
 from token_scheduler import dirlock
 from token_scheduler.admin_client import AdminClient
+from token_scheduler.daemon import MAX_IPC_PATH, SOCKET_NAME
 
 
 @dataclass
@@ -54,8 +56,33 @@ class SchedulerError(RuntimeError):
 
 
 def scheduler_dir(gpu: str, simulated: bool) -> Path:
-    key = "".join(c if c.isalnum() or c in "-_" else "_" for c in gpu)
+    """The GPU's local scheduler directory. A UUID is named by its short hash (node_state's gpu_key):
+    spelled out, its 40 characters push the tenants' socket paths past what unix sockets allow."""
+    try:
+        key = gpu_key(gpu)
+    except ValueError:  # an index (or a short UUID prefix): short already
+        key = "".join(c if c.isalnum() or c in "-_" else "_" for c in gpu)
     return runtime_dir() / f"scheduler-{'sim-' if simulated else ''}gpu-{key}"
+
+
+def _longest_pid() -> int:
+    try:
+        return int(Path("/proc/sys/kernel/pid_max").read_text()) - 1
+    except (OSError, ValueError):
+        return 4_194_303  # PID_MAX_LIMIT - 1 on 64-bit Linux
+
+
+def check_socket_room(directory: Path) -> None:
+    """Fail clearly if the longest tenant socket a `vcuda run` may create under `directory` would not fit
+    a unix socket path: otherwise the scheduler refuses the add, or zmq fails with a bare ENAMETOOLONG."""
+    longest = directory / "tenants" / f"run-{_longest_pid()}" / SOCKET_NAME
+    if len(str(longest)) > MAX_IPC_PATH:
+        base = os.environ.get("XDG_RUNTIME_DIR")
+        source = f"XDG_RUNTIME_DIR={base}" if base else f"XDG_RUNTIME_DIR unset, so {tempfile.gettempdir()}"
+        raise SchedulerError(
+            f"the token scheduler's socket path {longest} would be {len(str(longest))} bytes, over the "
+            f"{MAX_IPC_PATH} a unix socket allows; the runtime directory {runtime_dir()} comes from {source}: "
+            f"point XDG_RUNTIME_DIR at a directory at least {len(str(longest)) - MAX_IPC_PATH} characters shorter")
 
 
 def start_scheduler(gpu: str, simulated: bool, timeout_s: float = 10.0) -> AdminClient:
@@ -153,6 +180,55 @@ class SchedulerKeeper:
             self.admin = AdminClient(directory / "admin.sock")
 
 
+# A `vcuda run`'s tenant: run-<its pid> (run() below)
+_RUN_TENANT = re.compile(r"run-([1-9][0-9]*)")
+
+
+def is_vcuda_run(pid: int) -> bool:
+    """Whether process `pid` is a `vcuda run` (`python -m py_vcuda run ...` or `vcuda run ...`)."""
+    try:
+        argv = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+    except OSError:
+        return False   # gone
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "py_vcuda" or arg.endswith("/py_vcuda/__main__.py") or os.path.basename(arg) == "vcuda":
+            return argv[i + 1] == "run"   # the top-level parser has no option that takes a value
+    return False
+
+
+def prune_dead_runs(admin: AdminClient) -> list[str]:
+    """Remove the tenants of `vcuda run`s that are gone: killed by SIGKILL, a run never reaches the finally
+    that removes its tenant, and the scheduler (which outlives runs and saves its list) would count its
+    request against every later run forever. Also removes such a run's record directory. Touches only
+    run-<pid> tenants whose pid is gone or now a process that is no `vcuda run` (reused); returns those."""
+    try:
+        listed = admin.call("list").get("tenants", [])
+    except TimeoutError:
+        return []   # best effort: the add that follows says what is wrong
+    own = os.getpid()
+    pruned = []
+    for entry in listed if isinstance(listed, list) else []:
+        name = entry.get("tenant") if isinstance(entry, dict) else None
+        match = _RUN_TENANT.fullmatch(name) if isinstance(name, str) else None
+        if match is None:
+            continue   # the device plugin's, the demo's, ...: not ours to judge
+        pid = int(match.group(1))
+        # Our own name before our add: left by an earlier run that had our pid.
+        if pid != own and is_vcuda_run(pid):
+            continue
+        try:
+            reply = admin.call("remove", tenant=name)
+        except TimeoutError:
+            continue
+        if not reply.get("ok"):
+            continue   # another run pruned it first
+        if pid != own:   # with our pid, the record directory is ours, written just now
+            shutil.rmtree(local_layout().container_dir(name), ignore_errors=True)
+        print(f"vcuda run: removed tenant {name} of a run that is gone (pid {pid})", file=sys.stderr)
+        pruned.append(name)
+    return pruned
+
+
 def tenant_env(tenant: Tenant, base: Mapping[str, str], ledger: Path) -> dict[str, str]:
     """The environment a command needs to run under the shim with `tenant`'s quotas."""
     env = dict(base)
@@ -199,6 +275,8 @@ def run(command: Sequence[str], tenant: Tenant, base_env: Mapping[str, str] | No
     base = os.environ if base_env is None else base_env
     simulated = "VCUDA_SIM_STATE" in base
     sched = scheduler_dir(tenant.gpu or "0", simulated) if tenant.core_request is not None else None
+    if sched is not None:
+        check_socket_room(sched)
     record_dir = _write_record(command, tenant, name, sched)
     own_path = ledger_in(record_dir)
     ledger = tenant.ledger or own_path
@@ -214,6 +292,7 @@ def run(command: Sequence[str], tenant: Tenant, base_env: Mapping[str, str] | No
         except BaseException:
             shutil.rmtree(record_dir, ignore_errors=True)
             raise
+        prune_dead_runs(admin)
         reply = admin.call("add", tenant=name, request=tenant.core_request, limit=limit,
                            priority=tenant.priority)
         if not reply.get("ok"):

@@ -494,6 +494,45 @@ def test_capped_tenants_behind_holds_that_vary_keep_their_requests(seed: int) ->
         assert spec.request - 3 <= 100 * low and 100 * high <= spec.limit + 1, spec.name
 
 
+class HoldsOnKernels(Simulation):
+    """Each hold ends at a kernel boundary (2 ms) 3 ms before or after its lease's end, at
+    random (seeded): what the simulator's and the H100's traces show of a process that
+    synchronizes every 20 ms, whose shim closes the gate a learnt drain before the end."""
+
+    seed = 1
+
+    def _start(self, grant: Grant) -> None:
+        if not hasattr(self, "rnd"):
+            self.rnd = random.Random(self.seed)
+        q = grant.quantum_ns
+        hold = 2 * MS * round((q + self.rnd.choice([-3, 3]) * MS) / (2 * MS))
+        self._procs[grant.client].tenant.overrun_ns = hold - q
+        super()._start(grant)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_tenant_with_short_frames_keeps_its_grid_behind_a_longer_lease(seed: int) -> None:
+    """A 60/60 tenant's frames are 50 ms, its 30 ms leases 20 ms apart; its 30/30 neighbour's
+    lease is 30 ms, so one of its frames each round is served about 10 ms late, past a
+    quarter of its share. Its grid moved each time and drifted a round later: rounds of about
+    110 ms, the token free 11.1-11.6 % of the run where 10 % is left, 29.2-29.4 and 58.6-58.9 %
+    over 10 s, worst seconds 26.4-26.6 and 54.2-56.7 (the simulator: 28.2-28.8 and 55.9-57.2
+    over 10 s; the H100, 28.1 and 56.3). Half its share of tolerance keeps its grid: 29.9-30.0
+    and 59.9, worst seconds 27.6-28.4 and 58.0-58.4."""
+    tenants = [SimTenant("a", 30, 30), SimTenant("b", 60, 60)]
+    sim = HoldsOnKernels(CFG, tenants, handoff_ns=200_000)
+    sim.seed = seed
+    result = sim.run(20 * SECOND)
+    start, end = 5 * SECOND, 19 * SECOND
+    for spec in tenants:
+        assert 100 * result.share(spec.name, start, end) >= spec.request - 0.3, spec.name
+        # Holds up to 3 ms past a lease, more than the expected overrun the horizons leave
+        # room for: 61.2 % in one second of seed 3 with either tolerance.
+        assert 100 * result.extreme_shares(spec.name, SECOND, start, end)[1] <= spec.limit + 1.5, spec.name
+    assert 100 * result.extreme_shares("b", SECOND, start, end)[0] >= 57.5
+    assert 100 * sim.policy.held_back_ns / (20 * SECOND) < 10.5
+
+
 def test_elastic_tenants_at_their_requests_do_not_revoke_each_other_in_turn() -> None:
     """Seven busy tenants, five of them elastic, requests adding up to 100: each hovers at
     its request. An elastic holder was revoked the moment it went above its request, for

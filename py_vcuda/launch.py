@@ -186,9 +186,8 @@ _RUN_TENANT = re.compile(r"run-([1-9][0-9]*)")
 
 def is_vcuda_run(pid: int) -> bool:
     """Whether process `pid` is a `vcuda run` (`python -m py_vcuda run ...` or `vcuda run ...`)."""
-    try:
-        argv = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
-    except OSError:
+    argv = dirlock.process_argv(pid)
+    if argv is None:
         return False   # gone
     for i, arg in enumerate(argv[:-1]):
         if arg == "py_vcuda" or arg.endswith("/py_vcuda/__main__.py") or os.path.basename(arg) == "vcuda":

@@ -72,11 +72,18 @@ def lock_holder(directory: Path) -> int | None:
     return None
 
 
+def process_argv(pid: int) -> list[str] | None:
+    """Process `pid`'s command line (/proc/PID/cmdline), None when it is gone."""
+    try:
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+    except OSError:
+        return None
+
+
 def is_daemon_for(pid: int, directory: Path) -> bool:
     """Whether process `pid` is a token_scheduler daemon started with --dir `directory`."""
-    try:
-        argv = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
-    except OSError:
+    argv = process_argv(pid)
+    if argv is None:
         return False
     module = any(a == "token_scheduler" or a.endswith("/token_scheduler/__main__.py") for a in argv)
     dirs = [Path(argv[i + 1]) for i, a in enumerate(argv[:-1]) if a == "--dir"]

@@ -447,8 +447,9 @@ def test_a_global_stream_capture_survives_the_token_client(scheduler: AdminClien
     assert rcs.get("endcapture") == "0" and rcs.get("glaunch") == "0", (rcs, out.stderr[-2000:])
 
 
+@pytest.mark.parametrize("short_horizon", ["off", "on"])
 def test_idle_grace_learns_the_pauses_within_a_high_tenants_work(tmp_path: Path, cuprobe: Path, shim: Path,
-                                                                 sim_env: dict[str, str]) -> None:
+                                                                 sim_env: dict[str, str], short_horizon: str) -> None:
     """A `high` tenant beside a saturating trainer, the scheduler's idle grace 8 ms; the
     tenant runs a 10 ms kernel, synchronizes, pauses, and so on. Pauses of 30 ms are idle
     time: the grace it waits after its work before giving the token back shrinks (holds
@@ -456,7 +457,7 @@ def test_idle_grace_learns_the_pauses_within_a_high_tenants_work(tmp_path: Path,
     a handoff, after which the grace covers them and it keeps the token, instead of giving
     it back and revoking the trainer at every kernel."""
     directory = tmp_path / "sched"
-    daemon = spawn_daemon(directory, "--window", "2s", "--idle-high", "8ms")
+    daemon = spawn_daemon(directory, "--window", "2s", "--idle-high", "8ms", "--short-horizon", short_horizon)
     scheduler = AdminClient(directory / "admin.sock")
     try:
         scheduler.wait_ready()
@@ -485,7 +486,12 @@ def test_idle_grace_learns_the_pauses_within_a_high_tenants_work(tmp_path: Path,
     assert grants >= 15 and held_ms < 14, f"{grants} grants of {held_ms:.1f} ms each: the grace did not shrink"
     revoked = last["train"]["revocations"] - after["train"]["revocations"]
     assert int(line["count"]) >= 70
-    assert revoked <= 20, f"the trainer was revoked {revoked} times in 100 kernels: the grace did not grow"
+    # A grace that did not grow revokes the trainer at nearly every kernel (~100). Some
+    # revocations are the policy's: with short horizons the tenant's holds, its pauses
+    # within them, pass its request over the last second, so the trainer gets its turns
+    # and the tenant revokes it as it is owed again (23-24 here; 6 with the window alone,
+    # whose 2 s still count the idle phases before).
+    assert revoked <= 40, f"the trainer was revoked {revoked} times in 100 kernels: the grace did not grow"
 
 
 def test_high_tenant_gives_the_token_back_when_its_short_work_is_done(scheduler: AdminClient, cuprobe: Path,

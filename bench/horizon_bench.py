@@ -1,6 +1,6 @@
 """Requests and limits at every horizon (issue 31), on the GPU simulator: the
 policy before issue 31 (`--short-horizon off`, the window alone) and the new
-one (`--short-horizon on`) side by side, scenario by scenario.
+one (`--short-horizon on`, the default) side by side, scenario by scenario.
 
 Each tenant is bench/c/workload.c `train` (2 ms kernels, 10 launches between
 synchronizes) under libvcuda with its own scheduler endpoint; one

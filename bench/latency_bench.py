@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-us", type=int, default=1000, help="trainer kernel length")
     parser.add_argument("--depth", type=int, default=1000, help="trainer launches between synchronizes")
     parser.add_argument("--core-inference", type=int, default=60, help="inference core request (trainer: the rest)")
-    parser.add_argument("--short-horizon", choices=["on", "off"], default="off",
-                        help="the scheduler's --short-horizon (default off, its default)")
+    parser.add_argument("--short-horizon", choices=["on", "off"], default="on",
+                        help="the scheduler's --short-horizon (default on, its default)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="vcuda-bench-") as d:
         tmp = Path(d)

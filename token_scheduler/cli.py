@@ -56,13 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-high", type=_duration, default="200us",
                         help="the same for `high` tenants: short, since others wait meanwhile and a "
                              "`high` tenant gets the token back within the budget (default 200us)")
-    parser.add_argument("--short-horizon", choices=["on", "off"], default="off",
+    parser.add_argument("--short-horizon", choices=["on", "off"], default="on",
                         help="on: hold requests and limits over any 100 ms and any 1 s, not only over "
                              "--window: a tenant back from idle neither bursts past its limit nor "
                              "starves a neighbour within its request (on the simulator some busy tenants "
-                             "still miss their request - 2 pp in their worst second, and on a node short "
-                             "of CPU an elastic 40/70 tenant beside a 60/100 one can keep 48 %% of the "
-                             "GPU); off: the window alone (default off)")
+                             "still miss their request - 2 pp in their worst second by up to 2 pp); "
+                             "off: the window alone (a tenant back from idle bursts past its limit for "
+                             "most of a second, then waits for the burst to leave the window) "
+                             "(default on)")
     parser.add_argument("--allowance", type=_duration, default="8ms",
                         help="with --short-horizon on, what a capped tenant may run over its limit in "
                              "any 100 ms or 1 s, and the credit idle time earns (default 8ms)")

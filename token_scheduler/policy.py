@@ -87,15 +87,14 @@ class PolicyConfig:
     max_waiting_per_tenant: int = 1024
     wait_samples: int = 4096  # recent waits kept per tenant for percentiles
     expired_memory: int = 64  # recently expired leases kept per tenant for late releases
-    # Requests and limits at short horizons (horizon.py). Off (the default for now): only
-    # the window counts, and a tenant back from idle bursts, then cycles (issue 31). On
-    # the simulator, three tenants whose limits fill the GPU still miss their request
-    # - 2 pp in their worst second by up to 0.6 pp, and the smallest half its request in
-    # its worst 100 ms; and with the CPU short (two busy loops beside it) an elastic 40/70
-    # tenant beside a saturating 60/100 one kept 45-49 % of the GPU in some runs, its
-    # leases revoked only after about 40 ms held where 20 ms keeps it at its request (see
-    # README, Compute quotas), so they are opt-in until that is fixed.
-    short_horizon: bool = False
+    # Requests and limits at short horizons (horizon.py), not only over the window. Off,
+    # the window alone counts: a tenant back from idle bursts, then cycles (issue 31). On
+    # the simulator, three tenants whose limits fill the GPU and a 30/30 and 60/60 pair
+    # still miss their request - 2 pp in some worst seconds by up to 2 pp, and the smallest
+    # of three half its request in its worst 100 ms (see README, Compute quotas); the window
+    # alone misses by up to 5.5 pp, leaves each of them nothing in some 100 ms, and lets a
+    # tenant back from idle burst past its limit.
+    short_horizon: bool = True
     # A capped tenant's GPU time over any interval of each horizon stays under its limit
     # + allowance; it runs one lease a frame of the first horizon (its limit of the frame
     # on average), on a grid (horizon.Frame). Idle time earns little credit
@@ -331,6 +330,7 @@ class Policy:
         # The capped tenants' limits leave at least the allowance of every frame idle: then
         # a capped tenant keeps to its grid closely (`_early`, `_late_tolerance`).
         self._frames_have_room = True
+        self._has_elastic = False  # a tenant whose request is below its limit (`_pick_short`)
         self._charged_until = 0  # the last released holder's work ran (was charged) until then
         self._last_holder: Tenant | None = None  # whose lease ended last
         # The token free while tenants wait, each held back by its limit (or short horizons):
@@ -446,6 +446,7 @@ class Policy:
         cfg = self.config
         capped = sum(t.limit for t in self.tenants.values() if t.limit < 100)
         self._frames_have_room = capped * cfg.horizons_ns[0] <= 100 * (cfg.horizons_ns[0] - cfg.allowance_ns)
+        self._has_elastic = any(t.request < t.limit for t in self.tenants.values())
 
     def budget_ns(self, tenant_name: str) -> int:
         """In-flight budget of the tenant's holders: small while a `high` tenant could
@@ -752,7 +753,7 @@ class Policy:
                 if wait > 0:
                     at = now + max(wait, RECHECK_MIN_NS)
                     recheck = at if recheck is None or at < recheck else recheck
-                    if short.due.level(now, first.since) > 0:
+                    if self._has_elastic and short.due.level(now, first.since) > 0:
                         on_grid = at + self._early(short)
                         protect = on_grid if protect is None or on_grid < protect else protect
                     continue

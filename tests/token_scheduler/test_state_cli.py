@@ -61,11 +61,11 @@ def test_cli_defaults_and_config() -> None:
     assert config.window_ns == 500_000_000
     assert (config.quantum_min_ns, config.quantum_max_ns) == (1_000_000, 50_000_000)
     assert (config.idle_ns, config.idle_high_ns) == (1_000_000, 200_000)
-    assert not config.short_horizon and config.allowance_ns == 8_000_000  # opt-in for now (issue 31)
+    assert config.short_horizon and config.allowance_ns == 8_000_000  # issue 31: every horizon, by default
     args = parser.parse_args(["--gpu", "0", "--dir", "x", "--idle", "2ms", "--idle-high", "50us"])
     assert (cli.config_from_args(args).idle_ns, cli.config_from_args(args).idle_high_ns) == (2_000_000, 50_000)
-    args = parser.parse_args(["--gpu", "0", "--dir", "x", "--short-horizon", "on"])
-    assert cli.config_from_args(args).short_horizon
+    args = parser.parse_args(["--gpu", "0", "--dir", "x", "--short-horizon", "off"])
+    assert not cli.config_from_args(args).short_horizon
 
 
 def test_cli_rejects_bad_duration() -> None:

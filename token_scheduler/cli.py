@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on: hold requests and limits over any 100 ms and any 1 s, not only over "
                              "--window: a tenant back from idle neither bursts past its limit nor "
                              "starves a neighbour within its request (on the simulator some busy tenants "
-                             "still miss their request - 2 pp in their worst second by up to 2 pp); "
+                             "still miss request - 2 pp in their worst second, by up to 2 pp); "
                              "off: the window alone (a tenant back from idle bursts past its limit for "
                              "most of a second, then waits for the burst to leave the window) "
                              "(default on)")

@@ -15,6 +15,10 @@ from token_scheduler.simulate import SimTenant, Simulation
 W = 2 * SECOND
 CFG = PolicyConfig(window_ns=W, quantum_min_ns=1 * MS, quantum_max_ns=10 * MS, grace_ns=5 * MS)
 QUANTUM_PP = 100 * (CFG.quantum_max_ns + CFG.grace_ns) / W
+# Shares are exact ratios of nanoseconds, compared in floating point: 100 * 0.145 is
+# 14.499999999999998, which put a share of exactly 14.5 % (request 16) 1.5000000000000018 pp
+# off against a bound of 1.5. The bounds allow for that rounding, nothing more.
+ULP = 1e-9
 PROPS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -48,7 +52,7 @@ def test_saturated_shares_converge_to_requests(requests: list[int], data: st.Dat
                                                                            strict=True))]
     result = Simulation(CFG, tenants).run(3 * W)
     for i, r in enumerate(requests):
-        assert abs(share(result, f"t{i}", 2 * W, 3 * W) - r) <= 2 * QUANTUM_PP
+        assert abs(share(result, f"t{i}", 2 * W, 3 * W) - r) <= 2 * QUANTUM_PP + ULP
 
 
 @PROPS
@@ -63,7 +67,7 @@ def test_never_above_limit(pairs: list[tuple[int, int]], saturating: list[bool],
     result = Simulation(CFG, tenants).run(4 * W)
     for i, (_, lim) in enumerate(pairs):
         for end in range(W, 4 * W + 1, W // 4):
-            assert share(result, f"t{i}", end - W, end) <= lim + QUANTUM_PP
+            assert share(result, f"t{i}", end - W, end) <= lim + QUANTUM_PP + ULP
 
 
 @PROPS
@@ -78,7 +82,7 @@ def test_work_conservation(pairs: list[tuple[int, int]], data: st.DataObject) ->
     result = Simulation(CFG, tenants).run(3 * W)
     total = sum(share(result, f"t{i}", 2 * W, 3 * W) for i in range(len(pairs)))
     cap = min(100, sum(lim for (_, lim), b in zip(pairs, busy, strict=True) if b))
-    assert total >= cap - 2 * QUANTUM_PP
+    assert total >= cap - 2 * QUANTUM_PP - ULP
 
 
 @PROPS
@@ -114,4 +118,4 @@ def test_live_update_takes_effect_within_one_window(requests: list[int], rnd: ob
         sim.policy.update_tenant(f"t{i}", r, r)
     result = sim.run(3 * W)
     for i, r in enumerate(new):
-        assert abs(share(result, f"t{i}", 2 * W, 3 * W) - r) <= 2 * QUANTUM_PP
+        assert abs(share(result, f"t{i}", 2 * W, 3 * W) - r) <= 2 * QUANTUM_PP + ULP

@@ -194,12 +194,15 @@ class Frame:
         current one's end), or begins the first."""
         return self.at is None or now >= self.at + self.length - early
 
-    def deadline(self, now: int, early: int) -> int:
+    def deadline(self, now: int, early: int, waiting_since: int) -> int:
         """The end of the frame on the grid that a lease from `now` counts in (from `early`
         before a frame's end, the next one), as a neighbour would see it: a tenant served
-        late keeps the deadline it missed, so it comes before those with time to spare."""
+        late keeps the deadline it missed, so it comes before those with time to spare.
+        Before its first frame, one frame from when it began to wait: a deadline that moved
+        with `now` came after every neighbour's (their frames' ends are fixed), and a 1/1
+        tenant among seven busy ones waited 2.5 s for its first lease."""
         if self.at is None:
-            return now + self.length
+            return waiting_since + self.length
         return self.at + (2 if self.next_begins(now, early) else 1) * self.length
 
     def start(self, now: int, early: int, tolerance: int, waiting_since: int, below_request: bool,

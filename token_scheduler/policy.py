@@ -768,7 +768,7 @@ class Policy:
                 owed = credit * 100 // tenant.request
                 frame_ns = cfg.horizons_ns[0]
                 if tenant.limit < 100:
-                    start_by = short.frame.deadline(now, self._early(short)) - lease
+                    start_by = short.frame.deadline(now, self._early(short), first.since) - lease
                 else:
                     start_by = now + frame_ns - min(owed, frame_ns)
                 key = (0 if high else 1, start_by, -owed, first.since)

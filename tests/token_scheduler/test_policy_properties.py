@@ -15,6 +15,10 @@ from token_scheduler.simulate import SimTenant, Simulation
 W = 2 * SECOND
 CFG = PolicyConfig(window_ns=W, quantum_min_ns=1 * MS, quantum_max_ns=10 * MS, grace_ns=5 * MS)
 QUANTUM_PP = 100 * (CFG.quantum_max_ns + CFG.grace_ns) / W
+# Over the window, a limit holds to one lease past it (the window's rule) and, with short
+# horizons, to the allowance over each of the longest horizon's intervals in it (a tenant
+# whose frames start early runs at limit + allowance over every second): 0.8 pp here.
+LIMIT_PP = max(QUANTUM_PP, 100 * CFG.allowance_ns * (W // max(CFG.horizons_ns)) / W)
 # Shares are exact ratios of nanoseconds, compared in floating point: 100 * 0.145 is
 # 14.499999999999998, which put a share of exactly 14.5 % (request 16) 1.5000000000000018 pp
 # off against a bound of 1.5. The bounds allow for that rounding, nothing more.
@@ -57,6 +61,9 @@ def test_saturated_shares_converge_to_requests(requests: list[int], data: st.Dat
 
 @PROPS
 @given(quotas(), st.lists(st.booleans(), min_size=8, max_size=8), st.integers(1, 30))
+# 75/75 beside 1/35 and 23/47: 75.75 % of a window, 75.7-75.8 of every second.
+@example(pairs=[(1, 35), (75, 75), (23, 47)], saturating=[False, True, True, False, False, False, False, False],
+         burst_ms=2)
 def test_never_above_limit(pairs: list[tuple[int, int]], saturating: list[bool],
                            burst_ms: int) -> None:
     tenants = [
@@ -67,7 +74,7 @@ def test_never_above_limit(pairs: list[tuple[int, int]], saturating: list[bool],
     result = Simulation(CFG, tenants).run(4 * W)
     for i, (_, lim) in enumerate(pairs):
         for end in range(W, 4 * W + 1, W // 4):
-            assert share(result, f"t{i}", end - W, end) <= lim + QUANTUM_PP + ULP
+            assert share(result, f"t{i}", end - W, end) <= lim + LIMIT_PP + ULP
 
 
 @PROPS

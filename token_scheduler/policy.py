@@ -282,6 +282,29 @@ class TenantStats:
     held_total_shown_ns: int = 0
 
 
+class RecentHolds:
+    """One figure of a tenant's last few leases (an overrun, a slack) and what the policy
+    reads of it: computed once a lease here, not on every decision (a decision reads them
+    for each waiting tenant, several times a handoff)."""
+
+    __slots__ = ("values", "mean", "largest", "second")
+
+    def __init__(self, keep: int = OVERRUN_MEMORY) -> None:
+        self.values: deque[int] = deque(maxlen=keep)
+        self.mean = self.largest = self.second = 0  # 0 while empty
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def add(self, value: int) -> None:
+        values = self.values
+        values.append(value)
+        self.mean = sum(values) // len(values)
+        ordered = sorted(values)
+        self.largest = ordered[-1]
+        self.second = ordered[-2] if len(ordered) > 1 else ordered[-1]
+
+
 @dataclass
 class Tenant:
     name: str
@@ -291,10 +314,10 @@ class Tenant:
     added_at: int
     priority: str = NORMAL
     # Overrun (hold past the quantum) of the last few leases, to shorten the next one.
-    recent_overruns_ns: deque[int] = field(default_factory=lambda: deque(maxlen=OVERRUN_MEMORY))
+    recent_overruns_ns: RecentHolds = field(default_factory=RecentHolds)
     # Charged time less the quantum (negative: it ended early) of its last leases that
     # wanted more, so that a capped tenant's one lease a frame holds its limit on average.
-    recent_slack_ns: deque[int] = field(default_factory=lambda: deque(maxlen=OVERRUN_MEMORY))
+    recent_slack_ns: RecentHolds = field(default_factory=RecentHolds)
     usage: UsageWindow = field(default_factory=UsageWindow)
     waiting: OrderedDict[ClientId, Waiter] = field(default_factory=OrderedDict)
     expired: OrderedDict[int, ExpiredLease] = field(default_factory=OrderedDict)
@@ -323,6 +346,13 @@ class Policy:
         self.lease: Lease | None = None
         self._next_lease = 1
         self._recheck_at: int | None = None  # when a tenant blocked at its limit may run
+        # The last decision found every waiter held back until `_recheck_at`, and nothing
+        # changed since (every call that changes tenants, waiters or the lease clears it): a
+        # message that changes nothing (a REPORT, a PING, the daemon's second look in a
+        # turn) does not decide again before the recheck. Deciding is most of the daemon's
+        # work under short horizons; the fake clock's simulation decides only on changes
+        # and rechecks too, so its figures are the daemon's.
+        self._settled = False
         # When the holder may be revoked (`preempt`): a waiting tenant below its request
         # becomes free to run, or an elastic holder goes above its own.
         self._preempt_at: int | None = None
@@ -342,6 +372,7 @@ class Policy:
     # --- tenants ------------------------------------------------------------
 
     def add_tenant(self, name: str, request: int, limit: int, priority: str = NORMAL) -> None:
+        self._settled = False
         validate_quota(request, limit)
         validate_priority(priority)
         if name in self.tenants:
@@ -415,6 +446,7 @@ class Policy:
 
     def update_tenant(self, name: str, request: int, limit: int, priority: str | None = None) -> None:
         """Live quota change: used by the next decision; the window's history is kept."""
+        self._settled = False
         validate_quota(request, limit)
         if priority is not None:
             validate_priority(priority)
@@ -435,6 +467,7 @@ class Policy:
         self._update_budget()
 
     def remove_tenant(self, name: str) -> None:
+        self._settled = False
         self._tenant(name)
         if self.lease is not None and self.lease.tenant == name:
             self.lease = None
@@ -478,6 +511,7 @@ class Policy:
 
     def request(self, tenant_name: str, client: ClientId, predicted_ns: int, seq: int = 0) -> None:
         """Queue a client for the token; repeating it while waiting is harmless."""
+        self._settled = False
         tenant = self._tenant(tenant_name)
         lease = self.lease
         if lease is not None and lease.tenant == tenant_name and lease.client == client:
@@ -502,6 +536,7 @@ class Policy:
         seq: int = 0,
     ) -> None:
         """End a lease. `held_ns` is the holder's own hold time, overrun included."""
+        self._settled = False
         tenant = self._tenant(tenant_name)
         now = self.clock()
         lease = self.lease
@@ -528,7 +563,7 @@ class Policy:
                 # it (`_capped_fit`). An odd one (a first lease draining a deep queue) counts
                 # as at most twice the in-flight budget past its end.
                 if more and 4 * slack >= -lease.quantum_ns:
-                    tenant.recent_slack_ns.append(min(slack, 2 * self.budget_ns(tenant_name)))
+                    tenant.recent_slack_ns.add(min(slack, 2 * self.budget_ns(tenant_name)))
             self.lease = None
         else:
             late = tenant.expired.get(lease_id)
@@ -553,6 +588,7 @@ class Policy:
         """Extend the held lease by one quantum, below its limit and unrevoked, if `dispatch`
         would lend the token straight back to the holder's tenant (nobody else may run, or
         it comes first): a renewal then saves a drain and a handoff, and changes nobody's turn."""
+        self._settled = False
         tenant = self._tenant(tenant_name)
         now = self.clock()
         lease = self.lease
@@ -583,6 +619,7 @@ class Policy:
 
     def client_gone(self, tenant_name: str, client: ClientId) -> None:
         """The client cannot be reached (it exited): forget it, free its lease."""
+        self._settled = False
         tenant = self.tenants.get(tenant_name)
         if tenant is None:
             return
@@ -634,6 +671,9 @@ class Policy:
             if now < lease.reclaim_at:
                 return None
             self._expire(lease, now)
+        elif self._settled and self._recheck_at is not None and now < self._recheck_at:
+            return None
+        self._settled = False
         if self._held_back_since is not None:
             self._note_held_back(now)
         self._recheck_at = None
@@ -651,6 +691,7 @@ class Policy:
         if tenant is None:
             self._recheck_at = recheck
             if recheck is not None:  # the token stays free while someone waits
+                self._settled = True
                 self._held_back_since = now
                 self._held_back = tuple(t for t in self.tenants.values() if t.waiting)
             return None
@@ -1131,7 +1172,7 @@ class Policy:
         # A holder drains its queued work after expiry, so the GPU is really held
         # for quantum + overrun: shorten the lease by the largest recent overrun so
         # that a waiting tenant waits at most quantum_max.
-        ceiling = cfg.quantum_max_ns - max(tenant.recent_overruns_ns, default=0)
+        ceiling = cfg.quantum_max_ns - tenant.recent_overruns_ns.largest
         short = tenant.short
         if short is not None and tenant.limit < 100:
             # One lease a frame (at most the shortest horizon), holding the limit of the
@@ -1160,13 +1201,12 @@ class Policy:
         """The typical excess of a capped tenant's charged holds over their leases: the mean
         slack of its recent filled leases (negative when they end early), else of overruns."""
         slack = tenant.recent_slack_ns
-        return sum(slack) // len(slack) if slack else self._typical_overrun(tenant)
+        return slack.mean if len(slack) else tenant.recent_overruns_ns.mean
 
     @staticmethod
     def _typical_overrun(tenant: Tenant) -> int:
         """The mean hold past the quantum of the tenant's last leases."""
-        overruns = tenant.recent_overruns_ns
-        return sum(overruns) // len(overruns) if overruns else 0
+        return tenant.recent_overruns_ns.mean
 
     @staticmethod
     def _worst_overrun(tenant: Tenant) -> int:
@@ -1174,10 +1214,7 @@ class Policy:
         outlier (the first lease of a process, which drains what it queued before it knew
         its kernels' length; one stall) is not a trend, and would shorten the next 16
         leases of a capped tenant by half of it."""
-        overruns = tenant.recent_overruns_ns
-        if len(overruns) < 2:
-            return max(overruns, default=0)
-        return sorted(overruns)[-2]
+        return tenant.recent_overruns_ns.second
 
     def _charge(self, tenant: Tenant, start: int, end: int, filler: bool = False) -> None:
         """The tenant held the GPU over [start, end] (a `filler` lease: not in its frame)."""
@@ -1198,7 +1235,7 @@ class Policy:
         tenant.burst_ns += EWMA_ALPHA * (max(sample, self.config.quantum_min_ns) - tenant.burst_ns)
 
     def _note_overrun(self, tenant: Tenant, held: int, quantum: int) -> None:
-        tenant.recent_overruns_ns.append(max(0, held - quantum))
+        tenant.recent_overruns_ns.add(max(0, held - quantum))
         if held > quantum:
             tenant.stats.overruns += 1
             tenant.stats.overrun_ns += held - quantum

@@ -116,6 +116,41 @@ def test_limit_blocks_and_rechecks() -> None:
     assert policy.stats()["held_back_ms"] == (clock.now - blocked) / MS
 
 
+def test_a_decision_that_holds_every_waiter_back_stands_until_a_change_or_its_recheck(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon calls `dispatch` after every message and at the end of every turn. While
+    every waiter is held back, a call before the recheck with nothing changed (a REPORT or a
+    PING woke the daemon, or its second look in a turn) does not decide again; a new request
+    decides at once, and so does the recheck."""
+    policy, clock = make(("a", 10, 10), ("b", 50, 100))
+    clock.advance(SECOND)
+    hold(policy, clock, "a", b"1", 150 * MS)  # over its limit: held back
+    decisions: list[int] = []
+    decide = policy._pick_short
+
+    def counted(now: int) -> tuple[object, ...]:
+        decisions.append(now)
+        return decide(now)
+    monkeypatch.setattr(policy, "_pick_short", counted)
+    policy.request("a", b"1", 0)
+    assert policy.dispatch() is None and len(decisions) == 1
+    recheck = policy.next_deadline()
+    assert recheck is not None and recheck > clock.now + 10 * MS
+    clock.set(recheck - 10 * MS)
+    policy.report("a", 0, 0)
+    assert policy.dispatch() is None and policy.dispatch() is None
+    assert len(decisions) == 1
+    policy.request("b", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None and grant.tenant == "b" and len(decisions) == 2
+    clock.advance(MS)
+    policy.release("b", b"1", grant.lease_id, MS, False)
+    assert policy.dispatch() is None and len(decisions) == 3  # the release changed things
+    clock.set(policy.next_deadline())  # type: ignore[arg-type]
+    policy.dispatch()
+    assert len(decisions) == 4
+
+
 def test_work_conserving_past_request() -> None:
     policy, clock = make(("a", 10, 100), ("idle", 80, 100))
     clock.advance(SECOND)

@@ -92,7 +92,7 @@ class PolicyConfig:
     # the simulator, three tenants whose limits fill the GPU and a 30/30 and 60/60 pair
     # still miss request - 2 pp in some worst seconds, by up to 2 pp, and the smallest of
     # three half its request in its worst 100 ms (see README, Compute quotas); the window
-    # alone misses by 4.4-5.5 pp, leaves each of them nothing in some 100 ms, and lets a
+    # alone misses by 3.9-5.5 pp, leaves each of them nothing in some 100 ms, and lets a
     # tenant back from idle burst past its limit.
     short_horizon: bool = True
     # A capped tenant's GPU time over any interval of each horizon stays under its limit

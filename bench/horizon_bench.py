@@ -19,7 +19,10 @@ any 1 s and any 100 ms interval, its share over the last 10 s, and its shares
 of each of its first 6 seconds; per run the scheduler's grants (renewals
 included) per second, its CPU time per second, and the share of the run the token
 sat free while tenants waited, every one held back by its limit or horizons (the
-scheduler's `held_back_ms`).
+scheduler's `held_back_ms`). Per tenant too, its token time over the same last
+10 s as the scheduler charged it (what the policy holds to request and limit),
+and how much of that each lease lost on the GPU (wake-up, launch and release of
+a lease, the process's own gaps): the GPU share is the token share less that.
 
 Goals: highest share over 1 s <= limit + 1 pp, over 100 ms <= limit + 10 pp;
 a tenant whose share is its request keeps >= request - 2 pp over any 1 s and
@@ -48,6 +51,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -56,6 +60,7 @@ from workload import BusySampler, build, kill_all, scheduler  # noqa: E402
 
 from py_vcuda.launch import Tenant, tenant_env  # noqa: E402
 from py_vcuda.sim import SimConfig  # noqa: E402
+from token_scheduler.admin_client import AdminClient  # noqa: E402
 from token_scheduler.policy import PolicyConfig  # noqa: E402
 from token_scheduler.shares import cumulative, extreme_shares, share_between  # noqa: E402
 from token_scheduler.simulate import SimTenant, Simulation  # noqa: E402
@@ -93,6 +98,11 @@ class Figures:
     tenth_s: tuple[float, float]  # ... over any 100 ms
     last_10_s: float
     per_second: list[float]
+    # The token time the scheduler charged it over the same 10 s, and its leases there
+    # (None on the fake clock, where the two are the same): what the policy holds to its
+    # request and limit; the GPU time above is that less what its handoffs cost.
+    token_10_s: float | None = None
+    leases_10_s: int = 0
 
 
 @dataclass
@@ -101,6 +111,32 @@ class Run:
     grants_per_s: float
     cpu_percent: float | None  # the scheduler daemon's; None on the fake clock
     held_back_percent: float = 0.0  # the token free while every waiting tenant was held back
+
+
+Marks = list[tuple[int, dict[str, Any]]]  # (when, the scheduler's per-tenant stats then)
+
+
+def charged_marks(admin: AdminClient, end: int) -> Marks:
+    """The scheduler's per-tenant counters at both ends of the last 10 s that `figures`
+    reads ([end - 11 s, end - 1 s]), waiting for each."""
+    marks = []
+    for at in (end - 11 * SECOND, end - SECOND):
+        time.sleep(max(0.0, at / 1e9 - time.monotonic()))
+        tenants = admin.call("stats")["tenants"]
+        assert isinstance(tenants, dict)
+        marks.append((time.monotonic_ns(), tenants))
+    return marks
+
+
+def add_token(tenants: dict[str, Figures], marks: Marks) -> None:
+    """Each tenant's token time over those 10 s, as the scheduler charged it, and its leases."""
+    (t1, first), (t2, last) = marks
+    for name, figs in tenants.items():
+        a, b = first.get(name), last.get(name)
+        if a is not None and b is not None:
+            held_ms = float(b["held_ms_total"]) - float(a["held_ms_total"])
+            figs.token_10_s = 100 * held_ms * 1e6 / (t2 - t1)
+            figs.leases_10_s = int(b["grants"]) - int(a["grants"])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -153,6 +189,7 @@ def run_scenario(exe: Path, tmp: Path, tag: str, loads: list[Load], seconds: flo
                     procs[load.name] = subprocess.Popen(["sh", "-c", f'sleep {delay:.3f}; exec "$@"', "-", *cmd],
                                                         env=env, stdout=subprocess.DEVNULL)
                 end = t0 + int(seconds * SECOND)
+                marks = charged_marks(admin, end)
                 time.sleep(max(0.0, end / 1e9 - time.monotonic()) + 0.1)
                 cpu = cpu_seconds(daemon.pid) - cpu0
                 reply = admin.call("stats")
@@ -164,6 +201,7 @@ def run_scenario(exe: Path, tmp: Path, tag: str, loads: list[Load], seconds: flo
         pid = procs[load.name].pid
         points = [(t, busy.get(pid, 0)) for t, busy in sampler.samples]
         tenants[load.name] = figures(points, t0 + int(load.start_s * SECOND), end - SECOND)
+    add_token(tenants, marks)
     grants = sum(s["grants"] + s["renewals"] for s in stats.values())
     return Run(tenants, grants / seconds, 100 * cpu / seconds, float(reply["held_back_ms"]) / seconds / 10)
 
@@ -213,6 +251,7 @@ def run_gpu_scenario(kernel: tuple[int, int], tmp: Path, tag: str, loads: list[L
                 stdin.flush()
             time.sleep(max(0.0, t0 / 1e9 - time.monotonic()))
             cpu0 = cpu_seconds(daemon.pid)
+            marks = charged_marks(admin, end)
             time.sleep(max(0.0, end / 1e9 - time.monotonic()) + 0.1)
             cpu = cpu_seconds(daemon.pid) - cpu0
             reply = admin.call("stats")
@@ -225,6 +264,7 @@ def run_gpu_scenario(kernel: tuple[int, int], tmp: Path, tag: str, loads: list[L
         if logs:
             (logs / f"{tag}-{load.name}.intervals.json").write_text(json.dumps({"t0": t0, "intervals": intervals}))
         tenants[load.name] = figures(cumulative(intervals), t0 + int(load.start_s * SECOND), end - SECOND)
+    add_token(tenants, marks)
     grants = sum(s["grants"] + s["renewals"] for s in reply["tenants"].values())
     return Run(tenants, grants / seconds, 100 * cpu / seconds, float(reply["held_back_ms"]) / seconds / 10)
 
@@ -268,6 +308,21 @@ def report(name: str, loads: list[Load], runs: dict[str, list[Run]]) -> list[str
                 missed.append(f"{name} {load.name}: below its request at a short horizon")
             if load.request == load.limit and any(abs(p - load.limit) > 2 for p in f.per_second[1:]):
                 missed.append(f"{name} {load.name}: per-second share off its limit")
+    for policy in POLICIES:
+        token = []
+        for load in loads:
+            figs = [r.tenants[load.name] for r in runs[policy]]
+            charged = [f.token_10_s for f in figs if f.token_10_s is not None]
+            if len(charged) == len(figs):
+                # Token time the tenant's leases did not turn into GPU work, in ms a lease (one
+                # point of 10 s is 100 ms): each lease's wake-up, launch and release, and its
+                # process's own gaps (its synchronizes).
+                cost = [100 * (c - f.last_10_s) / max(1, f.leases_10_s) for c, f in zip(charged, figs, strict=True)]
+                token.append(f"{load.name} {' / '.join(f'{c:.1f}' for c in charged)}"
+                             f" ({' / '.join(f'{c:.2f}' for c in cost)} ms a lease)")
+        if token:
+            print(f"  token {policy:<4}    last 10 s, as the scheduler charged it (and what a lease lost of it "
+                  f"on the GPU): {', '.join(token)}")
     for policy in POLICIES:
         cpu = [f"{r.cpu_percent:.2f}" for r in runs[policy] if r.cpu_percent is not None]
         held_back = " / ".join(f"{r.held_back_percent:.1f}" for r in runs[policy])

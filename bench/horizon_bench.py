@@ -288,15 +288,18 @@ def span(pair: tuple[float, float]) -> str:
 def report(name: str, loads: list[Load], runs: dict[str, list[Run]]) -> list[str]:
     """The scenario's table, and the goals it missed under the new policy."""
     print(f"\n{name}: per tenant, old (--short-horizon off) | new (on); each figure: run 1 / run 2 ...")
-    print(f"  {'tenant':<10}{'policy':<7}{'any 1 s: low-high':<30}{'any 100 ms: low-high':<30}"
-          f"{'last 10 s':<16}per second, first 6 s (run 1)")
+    count = max(len(r) for r in runs.values())
+    wide, narrow = max(30, 15 * count + 2), max(16, 7 * count + 2)  # "low-high / " a run, "last / "
+    print(f"  {'tenant':<10}{'policy':<7}{'any 1 s: low-high':<{wide}}{'any 100 ms: low-high':<{wide}}"
+          f"{'last 10 s':<{narrow}}per second, first 6 s (run 1)")
     missed = []
     for load in loads:
         for policy in POLICIES:
             figs = [r.tenants[load.name] for r in runs[policy]]
             print(f"  {load.name} {load.request}/{load.limit:<5}{policy:<7}"
-                  f"{' / '.join(span(f.one_s) for f in figs):<30}{' / '.join(span(f.tenth_s) for f in figs):<30}"
-                  f"{' / '.join(f'{f.last_10_s:.1f}' for f in figs):<16}"
+                  f"{' / '.join(span(f.one_s) for f in figs):<{wide}}"
+                  f"{' / '.join(span(f.tenth_s) for f in figs):<{wide}}"
+                  f"{' / '.join(f'{f.last_10_s:.1f}' for f in figs):<{narrow}}"
                   f"{' '.join(f'{p:.0f}' for p in figs[0].per_second)}")
         for old, new in zip(runs["off"], runs["on"], strict=True):
             f, o = new.tenants[load.name], old.tenants[load.name]

@@ -929,12 +929,20 @@ class Policy:
         frame of every round; moved each time, its grid drifted a round later: a 60/60 tenant's 30 ms leases
         20 ms apart beside a 30/30 tenant's 30 ms lease made rounds of 110 ms, the GPU idle
         13.5 % of the time where 10 % is left, and the two got 28.2-28.8 and 55.9-57.2 % of it
-        on the simulator (the H100: 28.1 and 56.3). A quarter frame when the limits fill the
-        GPU: in a full round every lease is late by turns, and moving the grid each time would
-        only move the lateness to the next tenant."""
+        on the simulator (the H100: 28.1 and 56.3). Or the gap its frame leaves after its
+        share where that is longer (limits of 51-66 %): the neighbour's lease fills that gap
+        and its overrun makes the frame late by the rest; holds 4 ms before to 8 ms past their
+        leases (the simulator's trace of that pair) still moved a 60/60 tenant's grid a few
+        times a second with 15 ms, and the pair's worst seconds were 26.8-27.6 and 56.9-57.4 %
+        (a 35/35 and 55/55 pair: 30.5-32.7 and 50.6-51.4); the gap, 20 ms, gives 27.9-28.5 and
+        56.9-58.0 (32.5-33.5 and 52.0-53.0; `test_policy_horizons.py`). A quarter frame when
+        the limits fill the GPU: in a full round every lease is late by turns, and moving the
+        grid each time would only move the lateness to the next tenant."""
         if self._frames_have_room:
-            short_frames = tenant.request == tenant.limit and short.frame.length < self.config.horizons_ns[0]
-            return max(self.config.quantum_min_ns, short.frame.share // (2 if short_frames else 4))
+            frame = short.frame
+            if tenant.request == tenant.limit and frame.length < self.config.horizons_ns[0]:
+                return max(self.config.quantum_min_ns, frame.share // 2, frame.length - frame.share)
+            return max(self.config.quantum_min_ns, frame.share // 4)
         return self.config.horizons_ns[0] // 4
 
     def _capped_wait(self, tenant: Tenant, short: ShortHorizon, now: int, quantum: int,

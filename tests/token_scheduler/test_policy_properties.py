@@ -24,7 +24,12 @@ LIMIT_PP = max(QUANTUM_PP, 100 * CFG.allowance_ns * (W // max(CFG.horizons_ns)) 
 # 14.499999999999998, which put a share of exactly 14.5 % (request 16) 1.5000000000000018 pp
 # off against a bound of 1.5. The bounds allow for that rounding, nothing more.
 ULP = 1e-9
-PROPS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# The same examples on every run (`derandomize`): one that fails then fails every time, and
+# CI never fails on a case no commit brought. New ones are searched for by hand, at ten times
+# this many examples a property and random seeds; what that finds becomes an @example, a
+# plain test, or a known miss (xfail, strict) below.
+PROPS = settings(max_examples=60, deadline=None, derandomize=True,
+                 suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
@@ -64,6 +69,15 @@ def test_saturated_shares_converge_to_requests(requests: list[int], data: st.Dat
 def test_saturated_shares_converge_to_requests_in_mixes_found_before(requests: list[int],
                                                                       limits: list[int]) -> None:
     check_saturated_shares(requests, limits)
+
+
+@pytest.mark.xfail(strict=True, reason="known miss (600 examples a property, 2026-11-28): the 32/66 "
+                   "tenant gets 33.8 %, the 36/82 one 34.3; the same at 707fec0")
+def test_saturated_shares_converge_to_requests_six_elastic_tenants() -> None:
+    """Six elastic tenants whose requests add up to 100: the 32/66 one ends 1.8 pp above its
+    request, at the 36/82 one's expense (both renew their leases: holds of 13.5 and 12.9 ms
+    on 10 ms quanta). Not understood yet; strict, so that a fix shows here."""
+    check_saturated_shares([23, 32, 1, 4, 36, 4], [91, 66, 84, 37, 82, 34])
 
 
 def check_saturated_shares(requests: list[int], limits: list[int]) -> None:

@@ -933,11 +933,11 @@ class Policy:
         share where that is longer (limits of 51-66 %): the neighbour's lease fills that gap
         and its overrun makes the frame late by the rest; holds 4 ms before to 8 ms past their
         leases (the simulator's trace of that pair) still moved a 60/60 tenant's grid a few
-        times a second with 15 ms, and the pair's worst seconds were 26.8-27.6 and 56.9-57.4 %
-        (a 35/35 and 55/55 pair: 30.5-32.7 and 50.6-51.4); the gap, 20 ms, gives 27.9-28.5 and
-        56.9-58.0 (32.5-33.5 and 52.0-53.0; `test_policy_horizons.py`). A quarter frame when
-        the limits fill the GPU: in a full round every lease is late by turns, and moving the
-        grid each time would only move the lateness to the next tenant."""
+        times a second with 15 ms, and the pair's worst seconds (three seeds) were 26.8-27.6 and
+        56.9-57.4 % (a 35/35 and 55/55 pair: 30.5-32.7 and 51.3-51.4); the gap, 20 ms, gives
+        27.9-28.5 and 56.9-58.0 (32.5-33.5 and 52.0-53.0; `test_policy_horizons.py`). A quarter
+        frame when the limits fill the GPU: in a full round every lease is late by turns, and
+        moving the grid each time would only move the lateness to the next tenant."""
         if self._frames_have_room:
             frame = short.frame
             if tenant.request == tenant.limit and frame.length < self.config.horizons_ns[0]:

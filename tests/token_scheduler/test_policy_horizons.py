@@ -609,7 +609,7 @@ def test_a_short_frame_late_by_its_neighbours_overrun_keeps_its_grid(
     """A 60/60 tenant's 30 ms leases leave 20 ms gaps; its 30/30 neighbour's lease fills one
     and runs past it by its overrun, up to 8 ms on the simulator. With half its share (15 ms)
     of tolerance the grid moved a few times a second and the pair's worst seconds were
-    26.8-27.6 and 56.9-57.4 % (a 35/35 and 55/55 pair: 30.5-32.7 and 50.6-51.4); with the
+    26.8-27.6 and 56.9-57.4 % (a 35/35 and 55/55 pair: 30.5-32.7 and 51.3-51.4); with the
     gap its frame leaves (20 ms; 22.5 at 55 %), 27.9-28.5 and 56.9-58.0 (32.5-33.5 and
     52.0-53.0)."""
     tenants = [SimTenant("a", small, small), SimTenant("b", large, large)]

@@ -319,7 +319,9 @@ def report(name: str, loads: list[Load], runs: dict[str, list[Run]]) -> list[str
             if len(charged) == len(figs):
                 # Token time the tenant's leases did not turn into GPU work, in ms a lease (one
                 # point of 10 s is 100 ms): each lease's wake-up, launch and release, and its
-                # process's own gaps (its synchronizes).
+                # process's own gaps (its synchronizes). A lease is a grant: a renewal extends
+                # one without a handoff (the window policy's elastic leases, renewed for
+                # seconds, lose several ms each by this count).
                 cost = [100 * (c - f.last_10_s) / max(1, f.leases_10_s) for c, f in zip(charged, figs, strict=True)]
                 token.append(f"{load.name} {' / '.join(f'{c:.1f}' for c in charged)}"
                              f" ({' / '.join(f'{c:.2f}' for c in cost)} ms a lease)")

@@ -553,12 +553,13 @@ class HoldsOnKernels(Simulation):
 
     seed = 1
 
+    def _hold(self, quantum: int) -> int:
+        return 2 * MS * round((quantum + self.rnd.choice([-3, 3]) * MS) / (2 * MS))
+
     def _start(self, grant: Grant) -> None:
         if not hasattr(self, "rnd"):
             self.rnd = random.Random(self.seed)
-        q = grant.quantum_ns
-        hold = 2 * MS * round((q + self.rnd.choice([-3, 3]) * MS) / (2 * MS))
-        self._procs[grant.client].tenant.overrun_ns = hold - q
+        self._procs[grant.client].tenant.overrun_ns = self._hold(grant.quantum_ns) - grant.quantum_ns
         super()._start(grant)
 
 
@@ -585,21 +586,15 @@ def test_a_tenant_with_short_frames_keeps_its_grid_behind_a_longer_lease(seed: i
     assert 100 * sim.policy.held_back_ns / (20 * SECOND) < 10.5
 
 
-class HoldsAsTraced(Simulation):
+class HoldsAsTraced(HoldsOnKernels):
     """Each hold ends past its lease's end by one of the deciles of what the simulator's
     trace of a 30/30 and 60/60 pair showed (holds end where the process synchronizes and
     its queue drains: 4 ms before to 8 ms after), at random (seeded)."""
 
-    seed = 1
     overruns_us = (-4100, -700, 300, 900, 1500, 2000, 2700, 4400, 6500, 8000)
 
-    def _start(self, grant: Grant) -> None:
-        if not hasattr(self, "rnd"):
-            self.rnd = random.Random(self.seed)
-        q = grant.quantum_ns
-        hold = max(MS, q + 1000 * self.rnd.choice(self.overruns_us))
-        self._procs[grant.client].tenant.overrun_ns = hold - q
-        super()._start(grant)
+    def _hold(self, quantum: int) -> int:
+        return max(MS, quantum + 1000 * self.rnd.choice(self.overruns_us))
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

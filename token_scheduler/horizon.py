@@ -115,6 +115,10 @@ class Trail:
             del self.starts[: self.head], self.ends[: self.head], self.totals[: self.head]
             self.head = 0
 
+    def newer_than(self, low: int) -> bool:
+        """Whether a hold ended after `low`."""
+        return bool(self.ends) and self.ends[-1] > low
+
     def held_since(self, low: int) -> int:
         """GPU time held after `low` (low at least newest end - keep)."""
         ends = self.ends

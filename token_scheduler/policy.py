@@ -357,8 +357,9 @@ class Policy:
         # becomes free to run, or an elastic holder goes above its own.
         self._preempt_at: int | None = None
         self._high: dict[str, Tenant] = {}  # the `high` tenants, checked on every dispatch
-        # The capped tenants' limits leave at least the allowance of every frame idle: then
-        # a capped tenant keeps to its grid closely (`_early`, `_late_tolerance`).
+        # The limits of the capped tenants present leave at least the allowance of every frame
+        # idle: then a capped tenant keeps to its grid closely (`_early`, `_late_tolerance`).
+        # Decided at every dispatch (`_capped_room`).
         self._frames_have_room = True
         self._has_elastic = False  # a tenant whose request is below its limit (`_pick_short`)
         self._charged_until = 0  # the last released holder's work ran (was charged) until then
@@ -476,9 +477,6 @@ class Policy:
 
     def _update_budget(self) -> None:
         self._high = {t.name: t for t in self.tenants.values() if t.priority == HIGH}
-        cfg = self.config
-        capped = sum(t.limit for t in self.tenants.values() if t.limit < 100)
-        self._frames_have_room = capped * cfg.horizons_ns[0] <= 100 * (cfg.horizons_ns[0] - cfg.allowance_ns)
         self._has_elastic = any(t.request < t.limit for t in self.tenants.values())
 
     def budget_ns(self, tenant_name: str) -> int:
@@ -674,6 +672,7 @@ class Policy:
         elif self._settled and self._recheck_at is not None and now < self._recheck_at:
             return None
         self._settled = False
+        self._frames_have_room = self._capped_room(now)
         if self._held_back_since is not None:
             self._note_held_back(now)
         self._recheck_at = None
@@ -731,6 +730,22 @@ class Policy:
         stats.wait_buckets[bisect_left(WAIT_BUCKETS_NS, waited)] += 1
         stats.wait_sum_ns += waited
         return Grant(tenant.name, client, lease_id, quantum, now, waiter.seq)
+
+    def _capped_room(self, now: int) -> bool:
+        """Whether the limits of the capped tenants present (waiting, or holding within the
+        longest horizon) leave at least the allowance of every frame idle (`_early`,
+        `_late_tolerance`). Not those of every tenant registered: beside an idle 72/81 one, a
+        busy 28/28 tenant alone started each frame the allowance early, as in a full round,
+        until its second's limit cut its leases (24 and 12 ms): 12 ms in its worst 100 ms."""
+        cfg = self.config
+        horizon = cfg.horizons_ns[0]
+        recent = now - max(cfg.horizons_ns)
+        capped = 0
+        for tenant in self.tenants.values():
+            present = tenant.waiting or (tenant.short is not None and tenant.short.trail.newer_than(recent))
+            if tenant.limit < 100 and present:
+                capped += tenant.limit
+        return capped * horizon <= 100 * (horizon - cfg.allowance_ns)
 
     def _note_held_back(self, now: int) -> None:
         """Count the time the token stayed free since the last dispatch, every waiting
@@ -795,7 +810,10 @@ class Policy:
                     at = now + max(wait, RECHECK_MIN_NS)
                     recheck = at if recheck is None or at < recheck else recheck
                     if self._has_elastic and short.due.level(now, first.since) > 0:
-                        on_grid = at + self._early(short)
+                        # Its grid point, or later when a longer horizon holds it back
+                        # until then (it waits for that, not for its grid).
+                        frame = short.frame
+                        on_grid = at + self._early(short) if frame.at is None else max(at, frame.at + frame.length)
                         protect = on_grid if protect is None or on_grid < protect else protect
                     continue
             high = tenant.priority == HIGH
@@ -811,11 +829,19 @@ class Policy:
                 # they went by the deadlines they missed, in turn, a lease each whatever
                 # their requests, and six whose requests add up to 100 swung by 40 ms of
                 # credit: a 32/66 and a 36/82 one got 28.9-33.8 and 33.6-39.2 % a second
-                # (the fake clock; by owed time, 30.4-33.0 and 34.5-36.8).
+                # (the fake clock; by owed time, 30.4-33.0 and 34.5-36.8). Beside elastic tenants,
+                # a tenant whose request is its limit starts by the earlier of its frame's and
+                # the latest start that keeps half its request in every 100 ms: its frame let it
+                # start as late as the frame's end less its lease, behind elastic tenants owed
+                # more than a frame, and a 20/20 one beside an uncapped 73/100 one had nothing in
+                # some 100 ms (now 12 ms at least). Not among capped tenants alone, on their
+                # grids: there it changed nothing but a few tenths of a point (20/30/50, 30/60).
                 owed = credit * 100 // tenant.request
                 frame_ns = cfg.horizons_ns[0]
-                if tenant.request == tenant.limit:
+                if tenant.request == tenant.limit < 100:
                     start_by = short.frame.deadline(now, self._early(short), first.since) - lease
+                    if self._has_elastic:
+                        start_by = min(start_by, self._half_request_by(tenant, short, now))
                 else:
                     start_by = now + frame_ns - min(owed, frame_ns)
                 key = (0 if high else 1, start_by, -owed, first.since)
@@ -831,10 +857,13 @@ class Policy:
         if best is None:
             return None, 0, recheck, 0
         key, tenant, lease, cut = best
-        if protect is not None and key[0] >= 2 and tenant.request < tenant.limit:
-            # Elastic and above its request now, the tenant takes time that a held-back one left
-            # idle: its lease ends, its typical overrun counted, by the grid point of the next
-            # frame of a tenant below its request, as a filler's does. Else that frame waits for
+        if protect is not None and tenant.request < tenant.limit:
+            # Elastic, the tenant takes time that a held-back one left idle: its lease ends, its
+            # typical overrun counted, by the grid point of the next frame of a tenant below its
+            # request, as a filler's does. Above its own request now or below it: at its request
+            # on average, its credit is often a little above zero, and an uncapped 87/100
+            # tenant's 50 ms leases ran past a 13/13 one's grid point, whose leases then came
+            # 115 ms apart (nothing in some 100 ms; bounded, 13 ms in every one). Else that frame waits for
             # the lease to be revoked and for its drain: a 40/70 tenant filling the 20 ms gaps
             # of a 60/60 one with 50 ms leases got 43.2 and 44.8 % when a revoked holder drains
             # 15 and 20 ms (the fake clock), up to 47.7 % on the simulator with the CPU short.
@@ -845,6 +874,18 @@ class Policy:
                 return None, 0, recheck, 0
             lease = min(lease, fit)
         return tenant, lease, None, cut
+
+    def _half_request_by(self, tenant: Tenant, short: ShortHorizon, now: int) -> int:
+        """The latest start of the tenant's next lease that leaves it half its request in
+        every interval of the shortest horizon (its holds since then, at the latest)."""
+        horizon = self.config.horizons_ns[0]
+        half = tenant.request * horizon // 200
+        trail = short.trail
+        low = now - horizon
+        held = trail.held_since(low)
+        if held <= half:
+            return now
+        return trail.shed_until(low, held - half) + horizon
 
     def _filler(self, now: int, until: int) -> tuple[Tenant | None, int]:
         """Every waiting tenant is held back by its frame or pace until `until` at the
@@ -914,12 +955,17 @@ class Policy:
         had ended, its leases would run back to back at the rate of its horizons' caps (a
         75/75 tenant in 12.5 ms frames, 3.1 ms gaps, ran at 75.7-75.8 % of every second). Not
         an elastic one: its frames are at its limit, and early starts are how it reaches its
-        request beside others (a 51/62 tenant among seven busy ones, capped so, got 49.4 %)."""
+        request beside others (a 51/62 tenant among seven busy ones, capped so, got 49.4 %).
+        An elastic tenant starts up to the allowance early with room to spare too: it keeps no
+        grid a neighbour's 100 ms depends on, and two whose frames do not tile (a 26/60 one's
+        83 ms frames of one 50 ms lease beside a 1/30 one's 100 ms frames) left the token free
+        with both waiting for their grids 12.7 % of the time: 56.7 and 30.0 % (now 59.9 and
+        30.0 on the fake clock)."""
         frame = short.frame
         allowance = self.config.allowance_ns
         if short.due.percent == short.pace.percent:  # its request is its limit
             allowance = min(allowance, frame.length - frame.share)
-        if not self._frames_have_room:
+        if not self._frames_have_room or short.due.percent < short.pace.percent:
             return allowance
         owed = short.due.balance - max(0, short.credit_afresh)
         return min(allowance, frame.share // 8 + max(0, owed))
@@ -943,10 +989,11 @@ class Policy:
         56.9-57.4 % (a 35/35 and 55/55 pair: 30.5-32.7 and 51.3-51.4); the gap, 20 ms, gives
         27.9-28.5 and 56.9-58.0 (32.5-33.5 and 52.0-53.0; `test_policy_horizons.py`). A quarter
         frame when the limits fill the GPU: in a full round every lease is late by turns, and
-        moving the grid each time would only move the lateness to the next tenant."""
-        if self._frames_have_room:
+        moving the grid each time would only move the lateness to the next tenant. A quarter
+        frame for an elastic tenant always, as its early start (`_early`)."""
+        if self._frames_have_room and tenant.request == tenant.limit:
             frame = short.frame
-            if tenant.request == tenant.limit and frame.length < self.config.horizons_ns[0]:
+            if frame.length < self.config.horizons_ns[0]:
                 return max(self.config.quantum_min_ns, frame.share // 2, frame.length - frame.share)
             return max(self.config.quantum_min_ns, frame.share // 4)
         return self.config.horizons_ns[0] // 4

@@ -162,11 +162,20 @@ def test_request_while_holding_is_an_error(admin: AdminClient, zctx: zmq.Context
 def test_renew_when_alone_then_denied(admin: AdminClient, zctx: zmq.Context) -> None:
     a = TenantClient(add(admin, "a", 50), zctx)
     b = TenantClient(add(admin, "b", 50), zctx)
+    # Both idle long enough for their credit toward their requests to reach its idle cap
+    # (the allowance and half of 100 ms): else a, added first, is owed what it idled for
+    # before b was added, comes first, and is renewed while its hold is under half that gap.
+    time.sleep(0.15)
     lease = a.acquire().fields[0]
     a.renew(lease, 0)
     assert a.expect(MsgType.GRANT).fields[0] == lease
     b.request()
-    time.sleep(0.001)
+    # b's request must have reached the scheduler before a's renewal (two sockets: no order
+    # between them; a 1 ms sleep lost that race once on a loaded machine).
+    deadline = time.monotonic() + 2
+    while admin.call("stats")["tenants"]["b"]["waiting"] == 0:  # type: ignore[index]
+        assert time.monotonic() < deadline, "b's request never reached the scheduler"
+        time.sleep(0.001)
     a.renew(lease, 0)
     assert a.expect(MsgType.ERROR).fields[0] == ErrorCode.RENEW_DENIED
 

@@ -403,6 +403,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         api = self.api
+        if api.closed:
+            # A keep-alive connection opened before `close` outlives the listening socket (its
+            # handler thread goes on): a closed server answers nothing on it either.
+            self.close_connection = True
+            return
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else None
         content_type = self.headers.get("Content-Type")

@@ -958,8 +958,8 @@ class Policy:
         that much between them, and a 100 ms there holds its share less that; early by the
         allowance, a 6/6 tenant had nothing in some 100 ms (the next lease on time behind an
         elastic neighbour's): in 900 random mixes (the fake clock), with every other rule as
-        now, 36 of the 710 busy tenants whose request is their limit missed half their request
-        in some 100 ms, 16 of them with nothing there; now 10 and 5. Not
+        now, 37 of the 710 busy tenants whose request is their limit missed half their request
+        in some 100 ms, 16 of them with nothing there; now 11 and 4 (`bench/mix_bench.py`). Not
         an elastic one: its frames are at its limit, and early starts are how it reaches its
         request beside others (a 51/62 tenant among seven busy ones, capped so, got 49.4 %).
         An elastic tenant starts up to the allowance early with room to spare too: it keeps no

@@ -10,6 +10,7 @@ again if it has more). Handoffs cost `handoff_ns` of idle GPU time (0 = ideal).
 from __future__ import annotations
 
 import heapq
+import random
 from dataclasses import dataclass, field
 
 from .errors import PolicyError
@@ -188,3 +189,22 @@ class Simulation:
                     self._finish(proc, self._holders[proc.client])
                     if self.handoff_ns:
                         self.clock.advance(self.handoff_ns)
+
+
+def random_mix(rng: random.Random) -> tuple[list[tuple[int, int]], list[bool]]:
+    """2..5 tenants, requests adding up to 100 or a little less, each limit its request,
+    100 or between; the first busy, the others busy or idle."""
+    n = rng.randint(2, 5)
+    cuts = sorted(rng.sample(range(1, 100), n - 1))
+    requests = [b - a for a, b in zip([0, *cuts], [*cuts, 100], strict=True)]
+    spare = rng.randint(0, n - 1)
+    requests = [max(1, r - 1) if i < spare else r for i, r in enumerate(requests)]
+    limits = [rng.choice([r, 100, rng.randint(r, 100)]) for r in requests]
+    return list(zip(requests, limits, strict=True)), [True] + [rng.random() < 0.5 for _ in requests[1:]]
+
+
+def mix_tenants(quotas: list[tuple[int, int]], busy: list[bool], window_ns: int) -> list[SimTenant]:
+    """`random_mix`'s tenants t0, t1, ...: a busy one always has work, an idle one runs a
+    1 ms burst at the start and idles for ten windows."""
+    return [SimTenant(f"t{i}", r, lim, burst_ns=None if b else 1_000_000, idle_ns=10 * window_ns)
+            for i, ((r, lim), b) in enumerate(zip(quotas, busy, strict=True))]

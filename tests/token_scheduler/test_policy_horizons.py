@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from token_scheduler.policy import HIGH, MS, SECOND, Grant, Policy, PolicyConfig
-from token_scheduler.simulate import FakeClock, SimResult, SimTenant, Simulation
+from token_scheduler.simulate import FakeClock, SimResult, SimTenant, Simulation, mix_tenants, random_mix
 
 CFG = PolicyConfig(short_horizon=True)  # the daemon's defaults otherwise
 WINDOW_ONLY = replace(CFG, short_horizon=False)
@@ -697,24 +697,11 @@ def test_an_elastic_tenant_busy_alone_gets_its_limit(limit: int, overrun_ms: int
     assert 100 * result.extreme_shares("a", SECOND, start, end)[1] <= limit + 1
 
 
-def random_mix(rng: random.Random) -> tuple[list[tuple[int, int]], list[bool]]:
-    """2..5 tenants, requests adding up to 100 or a little less, each limit its request,
-    100 or between; the first busy, the others busy or idle."""
-    n = rng.randint(2, 5)
-    cuts = sorted(rng.sample(range(1, 100), n - 1))
-    requests = [b - a for a, b in zip([0, *cuts], [*cuts, 100], strict=True)]
-    spare = rng.randint(0, n - 1)
-    requests = [max(1, r - 1) if i < spare else r for i, r in enumerate(requests)]
-    limits = [rng.choice([r, 100, rng.randint(r, 100)]) for r in requests]
-    return list(zip(requests, limits, strict=True)), [True] + [rng.random() < 0.5 for _ in requests[1:]]
-
-
 def shortest_horizon_lows(quotas: list[tuple[int, int]], busy: list[bool]) -> list[float]:
     """Each busy tenant's least GPU time over any 100 ms of its second window, in percent (an idle
     one bursts 1 ms once at the start)."""
     window = CFG.window_ns
-    tenants = [SimTenant(f"t{i}", r, lim, burst_ns=None if b else 1 * MS, idle_ns=10 * window)
-               for i, ((r, lim), b) in enumerate(zip(quotas, busy, strict=True))]
+    tenants = mix_tenants(quotas, busy, window)
     result = Simulation(CFG, tenants).run(2 * window)
     return [round(100 * result.extreme_shares(t.name, 100 * MS, window, 2 * window - 200 * MS)[0], 2)
             for t, b in zip(tenants, busy, strict=True) if b]
@@ -784,8 +771,7 @@ def test_random_mixes_keep_limits_each_second_requests_and_the_gpu_busy() -> Non
     window = CFG.window_ns
     for _ in range(120):
         quotas, busy = random_mix(rng)
-        tenants = [SimTenant(f"t{i}", r, lim, burst_ns=None if b else 1 * MS, idle_ns=10 * window)
-                   for i, ((r, lim), b) in enumerate(zip(quotas, busy, strict=True))]
+        tenants = mix_tenants(quotas, busy, window)
         result = Simulation(CFG, tenants).run(2 * window)
         start, end = window, 2 * window
         shares = [100 * result.share(t.name, start, end) for t in tenants]

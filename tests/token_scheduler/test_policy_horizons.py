@@ -23,6 +23,7 @@ from token_scheduler.simulate import FakeClock, SimResult, SimTenant, Simulation
 CFG = PolicyConfig(short_horizon=True)  # the daemon's defaults otherwise
 WINDOW_ONLY = replace(CFG, short_horizon=False)
 END = 35 * SECOND
+ULP = 1e-9  # shares are ratios of nanoseconds in floating point
 
 
 @dataclass(frozen=True)
@@ -732,6 +733,21 @@ def test_a_tenant_whose_request_is_its_limit_starts_in_time_for_half_of_it_in_ev
     assert shortest_horizon_lows([(2, 79), (20, 20), (2, 2), (73, 100)], [True, True, False, True]) == [0.0, 12.0, 50.0]
 
 
+@pytest.mark.parametrize(("quotas", "busy", "lows"), [
+    # An uncapped 23/100 tenant's 50 ms lease, lent 20 ms before the 40/40 one's grid point,
+    # ran 30 ms past it: 10 ms in some 100 ms.
+    ([(23, 100), (40, 40), (17, 100), (18, 80)], [True] * 4, [0.0, 32.59, 0.0, 0.0]),
+    # Bounded by the grid point itself, the 10/23 tenant's leases were cut into pieces that spent
+    # its 100 ms allowance: 17.8 % of its 23, the GPU 5.2 pp below what the limits allow.
+    ([(10, 23), (1, 1), (19, 100), (67, 67)], [True, False, False, True], [23.0, 67.0]),
+])
+def test_an_elastic_lease_leaves_a_tenant_at_its_request_half_of_it_in_every_100ms(
+        quotas: list[tuple[int, int]], busy: list[bool], lows: list[float]) -> None:
+    """A waiting tenant whose request is its limit, at its request now (not below it): an
+    elastic lease ends by the latest start that keeps it half its request in every 100 ms."""
+    assert shortest_horizon_lows(quotas, busy) == lows
+
+
 def test_an_idle_tenants_limit_does_not_fill_the_round() -> None:
     """Beside an idle 72/81 tenant, a busy 28/28 one counted as in a round its limits fill: its
     frames started the allowance early, its second's limit then cut its leases (24 and 12 ms),
@@ -759,14 +775,13 @@ def test_random_mixes_keep_limits_each_second_requests_and_the_gpu_busy() -> Non
     GPU idled below that and 2 busy tenants up to 5.5 pp below their requests.
 
     A busy tenant whose request is its limit (it asks no more than its request) keeps at
-    least R - 3 pp in every second and R / 2 - 2.5 pp in every 100 ms (the goals are R - 2
-    and R / 2: 1 of the 78 such tenants misses the first, by 0.8 pp, and 2 the second, by 1
-    and 2 pp). Before elastic leases ended by the grid of a tenant below its request whatever
-    the elastic tenant's own credit, before such tenants' leases were ordered by when they
-    must start to keep half their request in every 100 ms and started no more than half
-    their share early, and while an idle tenant's limit counted in the round, 5 missed the
-    first (by up to 0.8) and 12 the second, by up to 11.4 pp: a 30/30 tenant had nothing in
-    some 100 ms."""
+    least R - 2 pp in every second and R / 2 in every 100 ms (the issue's goals; 78 such
+    tenants here). Before elastic leases ended by the grid of a tenant below its request
+    whatever the elastic tenant's own credit, and by when a tenant at its request must start
+    to keep half of it, before such tenants' leases were ordered by that and started no more
+    than half their share early, and while an idle tenant's limit counted in the round, 5
+    missed the first (by up to 0.8) and 12 the second, by up to 11.4 pp: a 30/30 tenant had
+    nothing in some 100 ms."""
     rng = random.Random(31)
     window = CFG.window_ns
     for _ in range(120):
@@ -782,8 +797,8 @@ def test_random_mixes_keep_limits_each_second_requests_and_the_gpu_busy() -> Non
                 # Up to a lease before the run's end: the last one is cut there.
                 lows = [100 * result.extreme_shares(tenant.name, h, start, end - 200 * MS)[0]
                         for h in (SECOND, 100 * MS)]
-                assert lows[0] >= tenant.request - 3, (quotas, busy, tenant.name, lows)
-                assert lows[1] >= tenant.request / 2 - 2.5, (quotas, busy, tenant.name, lows)
+                assert lows[0] >= tenant.request - 2 - ULP, (quotas, busy, tenant.name, lows)
+                assert lows[1] >= tenant.request / 2 - ULP, (quotas, busy, tenant.name, lows)
         working = [t for t, b in zip(tenants, busy, strict=True) if b]
         allowed = min(100, sum(t.limit for t in working))
         assert sum(shares) >= allowed - 1.5, (quotas, busy, shares)

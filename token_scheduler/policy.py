@@ -810,19 +810,20 @@ class Policy:
                     at = now + max(wait, RECHECK_MIN_NS)
                     recheck = at if recheck is None or at < recheck else recheck
                     on_grid: int | None = None
-                    if self._has_elastic and short.due.level(now, first.since) > 0:
-                        # Its grid point, or later when a longer horizon holds it back
-                        # until then (it waits for that, not for its grid).
-                        frame = short.frame
-                        on_grid = at + self._early(short) if frame.at is None else max(at, frame.at + frame.length)
-                    elif self._has_elastic and tenant.request == tenant.limit:
-                        # At its request now: by the latest start that keeps it half its request
-                        # in every 100 ms. A 40/40 tenant just back from its lease waited behind
-                        # an uncapped neighbour's 50 ms one that ran 30 ms past its grid point:
-                        # 10 ms in some 100 ms. (Bounded by its grid point as when below its
-                        # request, an elastic 10/23 tenant's leases were cut into pieces that
-                        # spent its 100 ms allowance, and the GPU idled 5.2 pp below its limits.)
-                        on_grid = max(at, self._half_request_by(tenant, short, now))
+                    if self._has_elastic:  # else no lease to bound
+                        if short.due.level(now, first.since) > 0:
+                            # Its grid point, or later when a longer horizon holds it back
+                            # until then (it waits for that, not for its grid).
+                            frame = short.frame
+                            on_grid = at + self._early(short) if frame.at is None else max(at, frame.at + frame.length)
+                        elif tenant.request == tenant.limit:
+                            # At its request now: by the latest start that keeps it half its request
+                            # in every 100 ms. A 40/40 tenant just back from its lease waited behind
+                            # an uncapped neighbour's 50 ms one that ran 30 ms past its grid point:
+                            # 10 ms in some 100 ms. (Bounded by its grid point as when below its
+                            # request, an elastic 10/23 tenant's leases were cut into pieces that
+                            # spent its 100 ms allowance, and the GPU idled 5.2 pp below its limits.)
+                            on_grid = max(at, self._half_request_by(tenant, short, now))
                     if on_grid is not None:
                         protect = on_grid if protect is None or on_grid < protect else protect
                     continue

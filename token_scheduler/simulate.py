@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass, field
 
 from .errors import PolicyError
-from .policy import Grant, Policy, PolicyConfig
+from .policy import MS, Grant, Policy, PolicyConfig
 from .shares import cumulative, extreme_shares
 
 
@@ -206,5 +206,5 @@ def random_mix(rng: random.Random) -> tuple[list[tuple[int, int]], list[bool]]:
 def mix_tenants(quotas: list[tuple[int, int]], busy: list[bool], window_ns: int) -> list[SimTenant]:
     """`random_mix`'s tenants t0, t1, ...: a busy one always has work, an idle one runs a
     1 ms burst at the start and idles for ten windows."""
-    return [SimTenant(f"t{i}", r, lim, burst_ns=None if b else 1_000_000, idle_ns=10 * window_ns)
+    return [SimTenant(f"t{i}", r, lim, burst_ns=None if b else MS, idle_ns=10 * window_ns)
             for i, ((r, lim), b) in enumerate(zip(quotas, busy, strict=True))]

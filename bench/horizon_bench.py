@@ -170,11 +170,17 @@ def run_fake_clock(loads: list[Load], seconds: float, policy: str) -> Run:
     return Run(tenants, len(result.grants) / seconds, None, 100 * sim.policy.held_back_ns / (seconds * SECOND))
 
 
-def run_scenario(exe: Path, tmp: Path, tag: str, loads: list[Load], seconds: float, policy: str) -> Run:
+def scheduler_flags(policy: str, record: Path | None, tag: str) -> list[str]:
+    """The daemon's flags: the policy, and with --record its record for this run."""
+    return ["--short-horizon", policy, *(["--record", str(record / f"{tag}.jsonl")] if record else [])]
+
+
+def run_scenario(exe: Path, tmp: Path, tag: str, loads: list[Load], seconds: float, policy: str,
+                 record: Path | None = None) -> Run:
     sim = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_") and k != "LD_PRELOAD"}
     sim.update(SimConfig(state_path=tmp / f"sim-{tag}").env())
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    with scheduler("--short-horizon", policy) as (daemon, admin):
+    with scheduler(*scheduler_flags(policy, record, tag)) as (daemon, admin):
         try:
             with BusySampler(Path(sim["VCUDA_SIM_STATE"]), SAMPLE_S) as sampler:
                 t0 = time.monotonic_ns()
@@ -221,14 +227,14 @@ def holds_past_leases(log: Path) -> list[float]:
 
 
 def run_gpu_scenario(kernel: tuple[int, int], tmp: Path, tag: str, loads: list[Load], seconds: float,
-                     policy: str, logs: Path | None) -> Run:
+                     policy: str, logs: Path | None, record: Path | None = None) -> Run:
     """The scenario on this machine's GPU: each tenant bench/gpu_train.py under libvcuda,
     its GPU time read from when each of its kernels ended (CUDA events)."""
     if any(load.register_s for load in loads):
         raise SystemExit("--gpu: tenants registered late (fresh) are not supported; use --only")
     base = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_") and k != "LD_PRELOAD"}
     procs: dict[str, subprocess.Popen[str]] = {}
-    with scheduler("--short-horizon", policy) as (daemon, admin):
+    with scheduler(*scheduler_flags(policy, record, tag)) as (daemon, admin):
         try:
             for load in loads:
                 reply = admin.call("add", tenant=load.name, request=load.request, limit=load.limit)
@@ -354,9 +360,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shim-log", type=Path, metavar="DIR",
                         help="with --gpu: keep each tenant's libvcuda debug log and its kernels' times in DIR, "
                              "and print how long it held its leases past their end")
+    parser.add_argument("--record", type=Path, metavar="DIR",
+                        help="keep each run's scheduler record in DIR (SCENARIO-POLICY-RUN.jsonl), to see "
+                             "afterwards why a share fell short: python -m token_scheduler.replay FILE --free")
     args = parser.parse_args(argv)
     if args.shim_log and not args.gpu:
         parser.error("--shim-log needs --gpu")
+    if args.record and args.fake_clock:
+        parser.error("--record records a scheduler daemon: not with --fake-clock")
+    if args.record:
+        args.record.mkdir(parents=True, exist_ok=True)
     names = args.only.split(",")
     if unknown := [n for n in names if n not in SCENARIOS]:
         parser.error(f"unknown scenario {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
@@ -375,12 +388,12 @@ def main(argv: list[str] | None = None) -> int:
             for policy in POLICIES:
                 if kernel:
                     runs[policy] = [run_gpu_scenario(kernel, tmp, f"{name}-{policy}-{i}", loads, seconds, policy,
-                                                     args.shim_log) for i in range(args.runs)]
+                                                     args.shim_log, args.record) for i in range(args.runs)]
                 elif exe is None:  # deterministic: one run
                     runs[policy] = [run_fake_clock(loads, seconds, policy)]
                 else:
-                    runs[policy] = [run_scenario(exe, tmp, f"{name}-{policy}-{i}", loads, seconds, policy)
-                                    for i in range(args.runs)]
+                    runs[policy] = [run_scenario(exe, tmp, f"{name}-{policy}-{i}", loads, seconds, policy,
+                                                 args.record) for i in range(args.runs)]
             missed += report(name, loads, runs)
             if args.shim_log:
                 report_holds(args.shim_log, name, loads)

@@ -67,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allowance", type=_duration, default="8ms",
                         help="with --short-horizon on, what a capped tenant may run over its limit in "
                              "any 100 ms or 1 s, and the credit idle time earns (default 8ms)")
+    parser.add_argument("--record", type=Path, metavar="FILE",
+                        help="write every call into the policy and every clock reading it takes to FILE "
+                             "(JSON lines, about 20 KB a second for two busy tenants), to replay its "
+                             "decisions later: python -m token_scheduler.replay FILE")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"], help="default info")
 
@@ -88,7 +92,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("bad configuration: %s", exc)
         return 2
-    daemon = Daemon(args.dir, str(args.gpu), config)
+    try:
+        daemon = Daemon(args.dir, str(args.gpu), config, record=args.record)
+    except OSError as exc:
+        log.error("cannot record: %s", exc)
+        return 2
     stopping = False
 
     def stop(signum: int, _frame: FrameType | None) -> None:

@@ -39,6 +39,7 @@ import zmq
 from . import admin, dirlock, state, wire
 from .errors import ErrorCode, PolicyError
 from .policy import NORMAL, Policy, PolicyConfig, validate_priority, validate_quota
+from .record import Recorder
 from .wire import MsgType, WireError
 from .zmtp_router import Peer, RouterEndpoint
 
@@ -82,11 +83,14 @@ class Daemon:
         context: zmq.Context | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
         epoch: int | None = None,
+        record: Path | None = None,
     ) -> None:
         self.directory = Path(directory).absolute()
         self.gpu = gpu
         self.clock = clock
         self.policy = Policy(config, clock, epoch or secrets.randbelow(2**32 - 1) + 1)
+        # Every call into the policy and its clock readings, for a later replay (--record).
+        self._recorder = Recorder(record, self.policy) if record is not None else None
         self._own_context = context is None
         self.context = context or zmq.Context()
         self._endpoints: dict[str, Endpoint] = {}
@@ -125,6 +129,8 @@ class Daemon:
                  self.gpu, self.directory, len(self._endpoints), self.policy.epoch)
 
     def close(self) -> None:
+        if self._recorder is not None:
+            self._recorder.close()
         for endpoint in list(self._endpoints.values()):
             endpoint.socket.close()
         self._endpoints.clear()

@@ -157,9 +157,11 @@ class Frame:
     holder's work ends), and ten frames' deviations would otherwise add up in a
     second's share. `asked`: what the frame's leases would have held had a longer
     horizon not cut them (set for an elastic tenant only): the carry counts the larger
-    of that and `used`, so what a limit over a longer horizon kept back is not owed."""
+    of that and `used`, so what a limit over a longer horizon kept back is not owed.
+    `revoked`: a lease of this frame was revoked (for a `high` tenant): the rest of its
+    share is the tenant's at once, however little (`Policy._capped_fit`)."""
 
-    __slots__ = ("length", "share", "carry_cap", "at", "used", "carry", "asked")
+    __slots__ = ("length", "share", "carry_cap", "at", "used", "carry", "asked", "revoked")
 
     def __init__(self, length: int, share: int, carry_cap: int) -> None:
         self.length = length
@@ -169,6 +171,7 @@ class Frame:
         self.used = 0
         self.carry = 0
         self.asked = 0
+        self.revoked = False
 
     def next_carry(self) -> int:
         """The carry into the next frame if it begins on the grid: this frame's hold counted
@@ -222,6 +225,7 @@ class Frame:
         (the first one, or back from idle)."""
         if not self.next_begins(now, early):
             return False
+        self.revoked = False
         if self.at is None:
             self.at, self.used, self.carry, self.asked = now, 0, 0, 0
             return True

@@ -1047,7 +1047,11 @@ class Policy:
         need = quantum + (self._typical_overrun(tenant) + self._worst_overrun(tenant)) // 2
         # Its frame: once this one's budget is spent, the next frame's start (the grid).
         # A lease that ended early (its process paused) leaves the rest of the frame's
-        # share: a lease of what is left, if at least a quarter of a whole one.
+        # share: a lease of what is left, if at least a quarter of a whole one; after a
+        # revocation (it did not pause), whatever is left: a 50/50 tenant revoked 10 ms
+        # before its lease's end for a `high` 10/100 one's 3 ms bursts was owed that by
+        # its next frame only up to the carry (4 ms), and got 48.9 % (46.8 in its worst
+        # second; the fake clock).
         frame = short.frame
         fit = quantum
         used = frame.used + need + (0 if holding_since is None else max(0, now - holding_since))
@@ -1056,7 +1060,8 @@ class Policy:
         share = frame.share - frame.carry
         frame_wait = frame.wait(now, used, share, self._early(short))
         rest = share - frame.used - (need - quantum)
-        if frame_wait and holding_since is None and 4 * rest >= quantum:
+        if frame_wait and holding_since is None and (rest >= cfg.quantum_min_ns if frame.revoked
+                                                     else 4 * rest >= quantum):
             fit, frame_wait = min(quantum, rest), 0
         wait = max(wait, frame_wait)
         whole = fit
@@ -1151,6 +1156,8 @@ class Policy:
         lease.revoked_at = now
         lease.reclaim_at = min(lease.reclaim_at, now + budget + self.config.revoke_grace_ns)
         holder.stats.revocations += 1
+        if holder.short is not None and holder.request == holder.limit:
+            holder.short.frame.revoked = True  # it did not pause: the rest of its frame is its own
         next(iter(best_tenant.waiting.values())).preempted = True
         return Revoke(holder.name, lease.client, lease.lease_id, budget)
 

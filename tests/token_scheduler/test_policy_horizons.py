@@ -425,6 +425,22 @@ def test_a_new_high_tenant_does_not_keep_the_token_on_credit_it_never_waited_for
     assert result.max_wait_ns["b"] <= CFG.quantum_max_ns
 
 
+def test_a_capped_tenant_revoked_for_a_high_one_keeps_its_request() -> None:
+    """A `high` 10/100 tenant's 3 ms bursts, 40 ms apart, revoke a busy 50/50 tenant's
+    lease: the rest of that frame is the 50/50 one's at once, however little. Left for
+    its next frame as any lease that ended early (a pause of its own), it was owed only
+    up to the carry: 48.9 % over 10 s and 46.8 in its worst second beside an elastic
+    13/60 tenant."""
+    tenants = [SimTenant("a", 50, 50), SimTenant("b", 13, 60),
+               SimTenant("c", 10, 100, burst_ns=3 * MS, idle_ns=40 * MS, priority=HIGH)]
+    result = Simulation(CFG, tenants).run(30 * SECOND)
+    start, end = 20 * SECOND, 30 * SECOND
+    assert 100 * result.share("a", start, end) == pytest.approx(50.0, abs=0.1)
+    assert 100 * result.extreme_shares("a", SECOND, start, end)[0] >= 48.0
+    assert 100 * result.extreme_shares("a", 100 * MS, start, end)[0] >= 25.0
+    assert 100 * result.share("c", start, end) == pytest.approx(7.0, abs=0.1)  # all it asks
+
+
 def test_one_long_overrun_does_not_shorten_the_leases_after_it() -> None:
     """A process's first lease drains what it queued before it knew its kernels' length:
     here 25 ms past a 10 ms lease. One outlier is not a trend: from the fourth frame the

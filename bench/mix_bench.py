@@ -1,12 +1,14 @@
 """Random mixes of tenants on the policy's fake clock: limits, requests and the GPU's use at
 every horizon, beyond issue 31's six scenarios.
 
-    python3 bench/mix_bench.py [--seeds 11 12 13 14 15 16] [--mixes 150]
+    python3 bench/mix_bench.py [--seeds 11 12 13 14 15 16] [--mixes 150] [--high]
 
 Each seed draws `--mixes` mixes (token_scheduler.simulate.random_mix: 2-5 tenants, requests
 adding up to 100 or a little less, each limit its request, 100 or between, each busy or
-idle) and runs each for two windows with the daemon's defaults (window 10 s). Measured over
-the second window (the lows up to 200 ms before its end, where the run cuts a lease):
+idle; with --high, beside a `high` tenant's short bursts that revoke their leases:
+token_scheduler.simulate.with_high_tenant) and runs each for two windows with the daemon's
+defaults (window 10 s). Measured over the second window (the lows up to 200 ms before its
+end, where the run cuts a lease):
 
 - every tenant: its highest share over any 1 s (goal: limit + 1 pp);
 - every busy tenant: its share over the window against its request (goal: within 0.5 pp);
@@ -31,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from token_scheduler.policy import MS, SECOND, PolicyConfig  # noqa: E402
-from token_scheduler.simulate import Simulation, mix_tenants, random_mix  # noqa: E402
+from token_scheduler.simulate import SimTenant, Simulation, mix_tenants, random_mix, with_high_tenant  # noqa: E402
 
 CONFIG = PolicyConfig(short_horizon=True)
 CUT_NS = 200 * MS  # the lows stop this long before the run's end: its last lease is cut there
@@ -51,14 +53,15 @@ class Tally:
     short_misses: list[float] = field(default_factory=list)     # pp below R / 2
     nothing: int = 0
 
-    def add_mix(self, quotas: list[tuple[int, int]], busy: list[bool]) -> None:
+    def add_mix(self, quotas: list[tuple[int, int]], busy: list[bool], high: SimTenant | None = None) -> None:
         window = CONFIG.window_ns
         tenants = mix_tenants(quotas, busy, window)
-        result = Simulation(CONFIG, tenants).run(2 * window)
+        result = Simulation(CONFIG, tenants + ([high] if high else [])).run(2 * window)
         start, end = window, 2 * window
         self.mixes += 1
-        allowed = min(100, sum(t.limit for t, b in zip(tenants, busy, strict=True) if b))
-        used = 0.0
+        # The high tenant's bursts are its own (not counted as a busy tenant), and on top of the limits.
+        used = 100 * result.share(high.name, start, end) if high else 0.0
+        allowed = min(100.0, sum(t.limit for t, b in zip(tenants, busy, strict=True) if b) + used)
         for tenant, b in zip(tenants, busy, strict=True):
             share = 100 * result.share(tenant.name, start, end)
             used += share
@@ -92,6 +95,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[11, 12, 13, 14, 15, 16],
                         help="random seeds, one batch of mixes each (default: 11-16)")
     parser.add_argument("--mixes", type=int, default=150, help="mixes a seed (default: 150)")
+    parser.add_argument("--high", action="store_true",
+                        help="each mix beside a `high` tenant's short bursts (requests scaled down to leave it room)")
     args = parser.parse_args()
     if args.mixes < 1:
         parser.error("--mixes must be at least 1")
@@ -100,10 +105,16 @@ def main() -> None:
     for seed in args.seeds:
         rng = random.Random(seed)
         for _ in range(args.mixes):
-            tally.add_mix(*random_mix(rng))
+            quotas, busy = random_mix(rng)
+            if args.high:
+                quotas, high = with_high_tenant(rng, quotas)
+                tally.add_mix(quotas, busy, high)
+            else:
+                tally.add_mix(quotas, busy)
     busy = len(tally.shortfalls)
     print(f"{tally.mixes} mixes (seeds {' '.join(map(str, args.seeds))}, {args.mixes} each; "
-          f"{time.monotonic() - began:.0f} s), the fake clock, window {CONFIG.window_ns // SECOND} s")
+          f"{time.monotonic() - began:.0f} s){', each beside a high tenant' if args.high else ''}, the fake clock, "
+          f"window {CONFIG.window_ns // SECOND} s")
     print(f"  limit:    tenants above L + 1 pp in some second: {tally.over_limit}")
     print(f"  request:  busy tenants more than 0.5 pp under it over the window: "
           f"{len(tally.request_misses)} of {busy} (worst {worst(tally.request_misses)}; "

@@ -208,3 +208,16 @@ def mix_tenants(quotas: list[tuple[int, int]], busy: list[bool], window_ns: int)
     1 ms burst at the start and idles for ten windows."""
     return [SimTenant(f"t{i}", r, lim, burst_ns=None if b else MS, idle_ns=10 * window_ns)
             for i, ((r, lim), b) in enumerate(zip(quotas, busy, strict=True))]
+
+
+def with_high_tenant(rng: random.Random, quotas: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], SimTenant]:
+    """A `high` inference-like tenant "h" beside `random_mix`'s quotas: request 3-20, limit
+    100, bursts of 1-5 ms with idle between that keep its use within its request; the
+    others' requests scaled down to leave room for it (a limit equal to its request stays so)."""
+    request = rng.randint(3, 20)
+    burst = rng.randint(1, 5) * MS
+    idle = -(-burst * (100 - request) // request) + rng.randint(0, 20) * MS  # rounded up: within its request
+    scaled = [max(1, r * (100 - request) // 100) for r, _ in quotas]
+    quotas = [(s, s if lim == r else max(s, lim)) for s, (r, lim) in zip(scaled, quotas, strict=True)]
+    return quotas, SimTenant("h", request, 100, burst_ns=burst, idle_ns=idle, priority="high")
+

@@ -27,3 +27,10 @@ def test_a_few_mixes_print_every_figure() -> None:
 def test_no_mixes_is_an_error() -> None:
     out = run("--mixes", "0")
     assert out.returncode == 2 and "--mixes must be at least 1" in out.stderr
+
+
+def test_beside_a_high_tenant() -> None:
+    out = run("--seeds", "31", "--mixes", "3", "--high")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("3 mixes (seeds 31, 3 each;") and "each beside a high tenant" in out.stdout, out.stdout
+    assert "tenants above L + 1 pp in some second: 0" in out.stdout, out.stdout

@@ -18,7 +18,15 @@ from dataclasses import dataclass, replace
 import pytest
 
 from token_scheduler.policy import HIGH, MS, SECOND, Grant, Policy, PolicyConfig
-from token_scheduler.simulate import FakeClock, SimResult, SimTenant, Simulation, mix_tenants, random_mix
+from token_scheduler.simulate import (
+    FakeClock,
+    SimResult,
+    SimTenant,
+    Simulation,
+    mix_tenants,
+    random_mix,
+    with_high_tenant,
+)
 
 CFG = PolicyConfig(short_horizon=True)  # the daemon's defaults otherwise
 WINDOW_ONLY = replace(CFG, short_horizon=False)
@@ -818,3 +826,17 @@ def test_random_mixes_keep_limits_each_second_requests_and_the_gpu_busy() -> Non
         working = [t for t, b in zip(tenants, busy, strict=True) if b]
         allowed = min(100, sum(t.limit for t in working))
         assert sum(shares) >= allowed - 1.5, (quotas, busy, shares)
+
+
+def test_a_high_tenant_beside_a_random_mix_uses_no_more_than_its_request() -> None:
+    """`with_high_tenant` (bench/mix_bench.py --high): the others' requests leave room for
+    the `high` tenant's, and its bursts keep within its request."""
+    rng = random.Random(5)
+    for _ in range(50):
+        quotas, _busy = random_mix(rng)
+        scaled, high = with_high_tenant(rng, quotas)
+        assert sum(r for r, _ in scaled) + high.request <= 100
+        assert all(r <= lim and (lim == r) == (old_lim == old_r)
+                   for (r, lim), (old_r, old_lim) in zip(scaled, quotas, strict=True))
+        assert high.priority == HIGH and high.limit == 100
+        assert high.burst_ns is not None and 100 * high.burst_ns <= high.request * (high.burst_ns + high.idle_ns)

@@ -141,7 +141,8 @@ def read(path: Path) -> tuple[PolicyConfig, int, Iterator[Step]]:
         file.close()
         raise ValueError(f"{path}: not a policy record of format {FORMAT}")
     fields = {f.name for f in dataclasses.fields(PolicyConfig)}
-    config = PolicyConfig(**{k: v for k, v in header["config"].items() if k in fields})
+    config = PolicyConfig(**{k: tuple(v) if isinstance(v, list) else v  # JSON has no tuples
+                             for k, v in header["config"].items() if k in fields})
 
     def steps() -> Iterator[Step]:
         with file:
@@ -167,6 +168,7 @@ class Replay:
                  on_held_back: Callable[[int, int, tuple[str, ...]], None] | None = None) -> None:
         config, epoch, self._steps = read(path)
         self._clocks: list[int] = []
+        self._extra_reads = 0
         self.now = 0
         self.policy = Policy(config, self._clock, epoch)
         self.last: Step | None = None
@@ -190,6 +192,8 @@ class Replay:
     def _clock(self) -> int:
         if self._clocks:
             self.now = self._clocks.pop(0)
+        else:
+            self._extra_reads += 1  # the recorded policy read it fewer times: it went another way
         return self.now
 
     def step(self) -> Step | None:
@@ -199,6 +203,7 @@ class Replay:
         if step is None:
             return None
         self._clocks = list(step.clocks)
+        self._extra_reads = 0
         error: str | None = None
         result: Any = None
         try:
@@ -209,6 +214,10 @@ class Replay:
             raise ReplayMismatch(f"step {step.index} {step.method}: raised {error}, recorded {step.error}")
         if step.method in DECISIONS and error is None and _decode(_encode(result)) != step.result:
             raise ReplayMismatch(f"step {step.index} {step.method}: {result}, recorded {step.result}")
+        if self._clocks or self._extra_reads:
+            raise ReplayMismatch(f"step {step.index} {step.method}: the clock read "
+                                 f"{len(step.clocks) - len(self._clocks) + self._extra_reads} times, "
+                                 f"recorded {len(step.clocks)}")
         self.last = step
         return step
 

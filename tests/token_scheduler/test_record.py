@@ -62,6 +62,21 @@ def test_a_decision_the_record_does_not_hold_is_a_mismatch(tmp_path: Path) -> No
         Replay(tmp_path / "r.jsonl").run()
 
 
+def test_a_step_whose_clock_readings_differ_is_a_mismatch(tmp_path: Path) -> None:
+    """The replayed policy reads the clock as often as the recorded one did, or went another way."""
+    recorded_run(tmp_path / "r.jsonl", seconds=1)
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    for i, text in enumerate(lines[1:], 1):
+        step = json.loads(text)
+        if step["m"] == "release" and len(step["c"]) >= 2:
+            step["c"].append(step["c"][-1])  # one reading more than the policy takes
+            lines[i] = json.dumps(step)
+            break
+    (tmp_path / "r.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ReplayMismatch, match="the clock read"):
+        Replay(tmp_path / "r.jsonl").run()
+
+
 def test_a_record_cut_mid_line_replays_up_to_there(tmp_path: Path) -> None:
     recorded_run(tmp_path / "r.jsonl", seconds=1)
     text = (tmp_path / "r.jsonl").read_text()

@@ -171,8 +171,13 @@ def run_fake_clock(loads: list[Load], seconds: float, policy: str) -> Run:
 
 
 def scheduler_flags(policy: str, record: Path | None, tag: str) -> list[str]:
-    """The daemon's flags: the policy, and with --record its record for this run."""
-    return ["--short-horizon", policy, *(["--record", str(record / f"{tag}.jsonl")] if record else [])]
+    """The daemon's flags: the policy, and with --record its record for this run (this
+    bench's own file name: a record of an earlier bench run there is replaced)."""
+    if record is None:
+        return ["--short-horizon", policy]
+    path = record / f"{tag}.jsonl"
+    path.unlink(missing_ok=True)
+    return ["--short-horizon", policy, "--record", str(path)]
 
 
 def run_scenario(exe: Path, tmp: Path, tag: str, loads: list[Load], seconds: float, policy: str,

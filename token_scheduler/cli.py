@@ -68,9 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --short-horizon on, what a capped tenant may run over its limit in "
                              "any 100 ms or 1 s, and the credit idle time earns (default 8ms)")
     parser.add_argument("--record", type=Path, metavar="FILE",
-                        help="write every call into the policy and every clock reading it takes to FILE "
-                             "(JSON lines, about 20 KB a second for two busy tenants), to replay its "
-                             "decisions later: python -m token_scheduler.replay FILE")
+                        help="write every call into the policy and every clock reading it takes to FILE, "
+                             "which must not exist (JSON lines, about 20 KB a second for two busy "
+                             "tenants), to replay its decisions later: python -m token_scheduler.replay FILE")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"], help="default info")
 

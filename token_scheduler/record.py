@@ -65,7 +65,9 @@ class Recorder:
     def __init__(self, path: Path, policy: Policy) -> None:
         if policy.tenants or policy.lease is not None:
             raise ValueError("record a policy from its creation: it already has tenants")
-        self._file: IO[str] = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        # Never over an earlier record: a scheduler restarted with the same FILE would
+        # erase the run that went wrong.
+        self._file: IO[str] = open(path, "x", encoding="utf-8")  # noqa: SIM115 (closed in close())
         self._lines = 0
         self._clocks: list[int] = []
         self._depth = 0

@@ -85,10 +85,14 @@ def test_a_record_cut_mid_line_replays_up_to_there(tmp_path: Path) -> None:
     assert Replay(tmp_path / "cut.jsonl").run() == cut.count("\n") - 1
 
 
-def test_only_a_fresh_policy_is_recorded(tmp_path: Path) -> None:
+def test_only_a_fresh_policy_is_recorded_and_never_over_a_record(tmp_path: Path) -> None:
     sim = Simulation(CFG, [SimTenant("a", 50, 50)])
     with pytest.raises(ValueError, match="from its creation"):
         Recorder(tmp_path / "r.jsonl", sim.policy)
+    (tmp_path / "earlier.jsonl").write_text("the run that went wrong\n")
+    with pytest.raises(FileExistsError):
+        Recorder(tmp_path / "earlier.jsonl", Simulation(CFG, []).policy)
+    assert (tmp_path / "earlier.jsonl").read_text() == "the run that went wrong\n"
 
 
 def test_a_file_that_is_not_a_record_is_refused(tmp_path: Path) -> None:
@@ -155,3 +159,10 @@ def test_the_daemon_records_what_it_decides(short_dir: Path) -> None:
             grants.append(step.result)
     assert len(grants) == 21
     assert {g[0] for g in grants} == {"t"}
+
+
+def test_the_daemon_refuses_to_record_over_a_file(short_dir: Path) -> None:
+    (short_dir / "r.jsonl").write_text("kept\n")
+    proc = spawn_daemon(short_dir / "sched", "--record", str(short_dir / "r.jsonl"))
+    assert proc.wait(30) == 2
+    assert (short_dir / "r.jsonl").read_text() == "kept\n"

@@ -1051,7 +1051,7 @@ class Policy:
         # revocation (it did not pause), whatever is left: a 50/50 tenant revoked 10 ms
         # before its lease's end for a `high` 10/100 one's 3 ms bursts was owed that by
         # its next frame only up to the carry (4 ms), and got 48.9 % (46.8 in its worst
-        # second; the fake clock).
+        # second; the fake clock; now 50.0 and 48.5).
         frame = short.frame
         fit = quantum
         used = frame.used + need + (0 if holding_since is None else max(0, now - holding_since))

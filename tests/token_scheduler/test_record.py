@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
@@ -48,16 +50,26 @@ def test_replay_takes_the_recorded_decisions(tmp_path: Path) -> None:
     assert replay.policy.held_back_ns == sim.policy.held_back_ns
 
 
-def test_a_decision_the_record_does_not_hold_is_a_mismatch(tmp_path: Path) -> None:
-    recorded_run(tmp_path / "r.jsonl", seconds=1)
-    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+def tamper_first(path: Path, chosen: Callable[[dict[str, Any]], bool],
+                 change: Callable[[dict[str, Any]], None]) -> None:
+    """Change the first recorded step `chosen` picks, in place."""
+    lines = path.read_text().splitlines()
     for i, text in enumerate(lines[1:], 1):
         step = json.loads(text)
-        if step["m"] == "dispatch" and step.get("r"):
-            step["r"][3] += 1  # the lease one nanosecond longer than the policy decides
+        if chosen(step):
+            change(step)
             lines[i] = json.dumps(step)
             break
-    (tmp_path / "r.jsonl").write_text("\n".join(lines) + "\n")
+    else:
+        raise AssertionError("no step to tamper with")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_decision_the_record_does_not_hold_is_a_mismatch(tmp_path: Path) -> None:
+    recorded_run(tmp_path / "r.jsonl", seconds=1)
+    # The lease one nanosecond longer than the policy decides.
+    tamper_first(tmp_path / "r.jsonl", lambda step: step["m"] == "dispatch" and bool(step.get("r")),
+                 lambda step: step["r"].__setitem__(3, step["r"][3] + 1))
     with pytest.raises(ReplayMismatch, match="dispatch"):
         Replay(tmp_path / "r.jsonl").run()
 
@@ -65,14 +77,9 @@ def test_a_decision_the_record_does_not_hold_is_a_mismatch(tmp_path: Path) -> No
 def test_a_step_whose_clock_readings_differ_is_a_mismatch(tmp_path: Path) -> None:
     """The replayed policy reads the clock as often as the recorded one did, or went another way."""
     recorded_run(tmp_path / "r.jsonl", seconds=1)
-    lines = (tmp_path / "r.jsonl").read_text().splitlines()
-    for i, text in enumerate(lines[1:], 1):
-        step = json.loads(text)
-        if step["m"] == "release" and len(step["c"]) >= 2:
-            step["c"].append(step["c"][-1])  # one reading more than the policy takes
-            lines[i] = json.dumps(step)
-            break
-    (tmp_path / "r.jsonl").write_text("\n".join(lines) + "\n")
+    # One reading more than the policy takes.
+    tamper_first(tmp_path / "r.jsonl", lambda step: step["m"] == "release" and len(step["c"]) >= 2,
+                 lambda step: step["c"].append(step["c"][-1]))
     with pytest.raises(ReplayMismatch, match="the clock read"):
         Replay(tmp_path / "r.jsonl").run()
 

@@ -67,6 +67,12 @@
 struct vcuda_gate vcuda_gates[VCUDA_MAX_DEVICES];
 __thread struct vcuda_gate *vcuda_thread_gate __attribute__((tls_model("initial-exec"))) = &vcuda_gates[0];
 __thread int vcuda_thread_countdown __attribute__((tls_model("initial-exec")));
+/* The launches of the thread's current segment are counted from this K: its
+ * countdown started at K - 1. K may have changed since (a new measurement, a
+ * new budget), so a segment is never counted with the K of the moment: a
+ * segment counted long makes its launches look short, K grow, and more work
+ * than the budget go in flight. Slow path only. */
+static __thread int thread_segment __attribute__((tls_model("initial-exec")));
 
 enum {
     MSG_REQUEST = 1, MSG_GRANT = 2, MSG_RELEASE = 3, MSG_RENEW = 4, MSG_ERROR = 5, MSG_PING = 6, MSG_PONG = 7,
@@ -406,19 +412,28 @@ static void record(struct token_client *c, CUstream stream, int ptsz, int launch
 /* A launch found the gate closed: the thread's launches since its last
  * checkpoint get one of their own, so that the end of the lease knows all its
  * work in flight (await_tail). */
+/* The thread's next segment starts with this launch, `k` launches long. */
+static void start_segment(int k) {
+    vcuda_thread_countdown = k - 1;
+    thread_segment = k;
+}
+
+/* The launches the thread made in its current segment before this one (whose
+ * decrement of the countdown already happened). */
+static int segment_launched(void) { return thread_segment - 1 - vcuda_thread_countdown; }
+
 static void seal(struct token_client *c, CUstream stream, int ptsz) {
     struct flight *f = &c->flight;
     if (vcuda_graph_mem_capturing(stream, ptsz != 0)) return; /* captured: it runs with its graph */
     int saved = relax_captures();
     pthread_mutex_lock(&f->lock);
-    int k = atomic_load_explicit(&f->k, memory_order_relaxed);
-    int launched = k - 1 - vcuda_thread_countdown; /* the countdown was set to k - 1 at its last checkpoint */
+    int launched = segment_launched();
     CUcontext ctx = NULL;
-    if (f->active && launched >= 1 && launched <= k && vcuda_real.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS &&
+    if (f->active && launched >= 1 && launched <= thread_segment && vcuda_real.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS &&
         ctx != NULL && flight_use_context(f, ctx)) {
         flight_settle(f);
         record(c, stream, ptsz, launched);
-        vcuda_thread_countdown = k - 1;
+        start_segment(atomic_load_explicit(&f->k, memory_order_relaxed));
     }
     pthread_mutex_unlock(&f->lock);
     restore_captures(saved);
@@ -435,7 +450,8 @@ static void flight_checkpoint(struct token_client *c, CUstream stream, int ptsz)
         return;
     }
     int k = atomic_load_explicit(&f->k, memory_order_relaxed);
-    vcuda_thread_countdown = k - 1; /* this launch and k - 1 more make the next segment */
+    int launched = segment_launched(); /* the segment this checkpoint ends */
+    start_segment(k); /* this launch and k - 1 more make the next segment */
     CUcontext ctx = NULL;
     if (vcuda_real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == NULL || !flight_use_context(f, ctx)) {
         pthread_mutex_unlock(&f->lock);
@@ -450,7 +466,7 @@ static void flight_checkpoint(struct token_client *c, CUstream stream, int ptsz)
         f->done = (struct checkpoint){.event = NULL};
         f->done_seen_ns = now_ns();
     }
-    record(c, stream, ptsz, k);
+    record(c, stream, ptsz, launched);
     uint64_t start = now_ns(), until = 0;
     bool hit = false, slept = false;
     for (;;) {
@@ -492,7 +508,7 @@ static void flight_checkpoint(struct token_client *c, CUstream stream, int ptsz)
  * graph (nothing of it runs now; the countdown starts over). */
 static void checkpoint(struct token_client *c, CUstream stream, int ptsz) {
     if (vcuda_graph_mem_capturing(stream, ptsz != 0)) {
-        vcuda_thread_countdown = atomic_load_explicit(&c->flight.k, memory_order_relaxed) - 1;
+        start_segment(atomic_load_explicit(&c->flight.k, memory_order_relaxed));
         return;
     }
     int saved = relax_captures();
@@ -924,16 +940,20 @@ static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
             return false;
         }
     }
-    vcuda_debug("device %d lease %llx: quantum %llu us, held %llu us (drain %llu us%s), %s%s",
+    struct flight *f = &c->flight;
+    pthread_mutex_lock(&f->lock);
+    uint64_t launch_ns = f->launch_ns;
+    int k = atomic_load_explicit(&f->k, memory_order_relaxed);
+    pthread_mutex_unlock(&f->lock);
+    vcuda_debug("device %d lease %llx: quantum %llu us, held %llu us (drain %llu us%s), %s%s; a launch %llu us, K %d",
                 c->device, (unsigned long long)lease, (unsigned long long)(quantum_ns / 1000),
                 (unsigned long long)(held / 1000), (unsigned long long)((done - closed) / 1000),
                 early ? ", released before its end" : "", why == WAKE_REVOKED ? "revoked, " : "",
-                more ? "more" : "done");
+                more ? "more" : "done", (unsigned long long)(launch_ns / 1000), k);
     send_msg(c, MSG_RELEASE, more ? FLAG_MORE : 0, lease, held);
     if (more) c->asked_seq = c->seq;
     if (early) drain_own_work(c); /* before the next lease: it starts with nothing in flight */
     flight_lease(c, false);
-    struct flight *f = &c->flight;
     pthread_mutex_lock(&f->lock);
     uint32_t hits = f->hits;
     uint64_t wait_ns = f->wait_ns;
@@ -1083,7 +1103,7 @@ CUresult vcuda_launch_slow(struct vcuda_gate *gate, CUstream stream, int ptsz) {
             CUresult rc = gate_wait(c);
             if (rc != CUDA_SUCCESS) return rc;
             int k = atomic_load_explicit(&c->flight.k, memory_order_relaxed);
-            if (vcuda_thread_countdown >= k) vcuda_thread_countdown = k - 1; /* a new lease, maybe a new budget */
+            if (vcuda_thread_countdown >= k) start_segment(k); /* a new lease, maybe a new budget */
         }
         if (vcuda_thread_countdown >= 0) return CUDA_SUCCESS;
         checkpoint(c, stream, ptsz);
@@ -1136,6 +1156,7 @@ static void clients_reset(void) {
         atomic_store(&c->gate->open, limited ? 0 : 1);
     }
     vcuda_thread_countdown = 0;
+    thread_segment = 0;
 }
 
 static void after_fork_child(void) { clients_reset(); }

@@ -4,6 +4,7 @@ scheduler daemon, tenants' kernels on the simulator's shared timeline."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -79,6 +80,30 @@ def test_elastic_limit_next_to_an_idle_tenant(scheduler: AdminClient, cuprobe: P
     scheduler.call("add", tenant="b", request=60)  # registered, idle
     busy, wall = busy_us(spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "a", str(a)), 6000))
     assert abs(100 * busy / wall - 70) <= 3.0, f"elastic tenant got {100 * busy / wall:.1f}% of the GPU"
+
+
+LEASE_LAUNCH = re.compile(r"quantum (\d+) us, held (\d+) us \(drain (\d+) us.*; a launch (\d+) us, K (\d+)")
+
+
+def test_launches_are_never_measured_shorter_than_they_run(scheduler: AdminClient, cuprobe: Path, shim: Path,
+                                                            sim_env: dict[str, str], tmp_path: Path) -> None:
+    """The in-flight budget rests on the GPU time per launch measured between
+    checkpoints. A segment counted with a K that changed since its countdown
+    started (K follows the measurement) made 2 ms launches look 1.5 ms long in
+    the first lease; once K outgrows the launches between the process's own
+    synchronizes no segment runs back to back, nothing corrects it, and twice
+    the budget goes in flight (the elastic stall of issue 31). Measured right, a
+    launch is never shorter than it runs (a figure across an idle gap is longer),
+    K stays budget / (2 x 2 ms) = 2, and a lease ends within its budget's work."""
+    a = scheduler.call("add", tenant="a", request=13, limit=60)["endpoint"]
+    scheduler.call("add", tenant="b", request=50)  # registered, idle
+    env = tenant_env(shim, sim_env, tmp_path, "a", str(a), VCUDA_LOG_LEVEL="debug")
+    _, _, err = run_spin(spin(cuprobe, env, 2000))
+    leases = [tuple(int(x) for x in m.groups()) for m in LEASE_LAUNCH.finditer(err)]
+    assert len(leases) >= 10, err[-2000:]
+    launch_us = [lease[3] for lease in leases]
+    assert min(launch_us) >= 0.97 * KERNEL_US, f"a launch measured {launch_us} us, it runs {KERNEL_US}"
+    assert {lease[4] for lease in leases[1:]} == {2}, [lease[4] for lease in leases]
 
 
 @pytest.mark.parametrize(("priority", "kernel_us", "sync_every"), [("normal", KERNEL_US, 200), ("high", 200, 20)],

@@ -41,9 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="longest lease (default 50ms)")
     parser.add_argument("--grace", type=_duration, default="10ms",
                         help="time past expiry before a silent lease is reclaimed (default 10ms)")
-    parser.add_argument("--budget", type=_duration, default="10ms",
+    parser.add_argument("--budget", type=_duration, default="4ms",
                         help="in-flight budget: GPU work a token holder may have launched and not "
-                             "finished, at most a quarter of --quantum-max (default 10ms)")
+                             "finished, at most a quarter of --quantum-max (default 4ms)")
     parser.add_argument("--budget-high", type=_duration, default="1ms",
                         help="in-flight budget while a `high` priority tenant is registered: how long "
                              "its revocations wait for the holder's work (default 1ms)")

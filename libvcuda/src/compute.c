@@ -90,7 +90,7 @@ enum { ERR_STALE_LEASE = 5, ERR_LEASE_EXPIRED = 6, ERR_RENEW_DENIED = 7, ERR_TEN
 #define CONNECT_TIMEOUT_MS 1000
 #define PING_EVERY_MAX_MS 100        /* a waiting client that heard nothing this long PINGs (PROTOCOL.md), */
 #define PING_EVERY_PARTS 4           /* ... or sooner: at least this many PINGs before a short timeout ends */
-#define DEFAULT_BUDGET_NS 10000000ull /* until the scheduler sends one (its default) */
+#define DEFAULT_BUDGET_NS 4000000ull /* until the scheduler sends one (its default) */
 #define UNCHECKED (INT_MAX / 2)       /* countdown where no budget applies: no scheduler, no lease */
 #define FLIGHT_RING 16                /* checkpoints tracked at once */
 #define FLIGHT_MAX_K 256              /* launches between checkpoints at most: budget changes apply soon */

@@ -85,8 +85,8 @@ def test_elastic_limit_next_to_an_idle_tenant(scheduler: AdminClient, cuprobe: P
 LEASE_LAUNCH = re.compile(r"quantum (\d+) us, held (\d+) us \(drain (\d+) us.*; a launch (\d+) us, K (\d+)")
 
 
-def test_launches_are_never_measured_shorter_than_they_run(scheduler: AdminClient, cuprobe: Path, shim: Path,
-                                                            sim_env: dict[str, str], tmp_path: Path) -> None:
+def test_launches_are_never_measured_shorter_than_they_run(cuprobe: Path, shim: Path, sim_env: dict[str, str],
+                                                            tmp_path: Path) -> None:
     """The in-flight budget rests on the GPU time per launch measured between
     checkpoints. A segment counted with a K that changed since its countdown
     started (K follows the measurement) made 2 ms launches look 1.5 ms long in
@@ -94,11 +94,21 @@ def test_launches_are_never_measured_shorter_than_they_run(scheduler: AdminClien
     synchronizes no segment runs back to back, nothing corrects it, and twice
     the budget goes in flight (the elastic stall of issue 31). Measured right, a
     launch is never shorter than it runs (a figure across an idle gap is longer),
-    K stays budget / (2 x 2 ms) = 2, and a lease ends within its budget's work."""
-    a = scheduler.call("add", tenant="a", request=13, limit=60)["endpoint"]
-    scheduler.call("add", tenant="b", request=50)  # registered, idle
-    env = tenant_env(shim, sim_env, tmp_path, "a", str(a), VCUDA_LOG_LEVEL="debug")
-    _, _, err = run_spin(spin(cuprobe, env, 2000))
+    and with a 10 ms budget K stays 10 / (2 x 2 ms) = 2 after the first lease
+    (segments of 2 never straddle a synchronize every 10 launches)."""
+    directory = tmp_path / "sched"
+    daemon = spawn_daemon(directory, "--window", "2s", "--budget", "10ms")
+    admin = AdminClient(directory / "admin.sock")
+    try:
+        admin.wait_ready()
+        a = admin.call("add", tenant="a", request=13, limit=60)["endpoint"]
+        admin.call("add", tenant="b", request=50)  # registered, idle
+        env = tenant_env(shim, sim_env, tmp_path, "a", str(a), VCUDA_LOG_LEVEL="debug")
+        _, _, err = run_spin(spin(cuprobe, env, 2000))
+    finally:
+        admin.close()
+        daemon.kill()
+        daemon.wait()
     leases = [tuple(int(x) for x in m.groups()) for m in LEASE_LAUNCH.finditer(err)]
     assert len(leases) >= 10, err[-2000:]
     launch_us = [lease[3] for lease in leases]

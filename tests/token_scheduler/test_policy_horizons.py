@@ -453,10 +453,11 @@ def test_one_long_overrun_does_not_shorten_the_leases_after_it() -> None:
     """A process's first lease drains what it queued before it knew its kernels' length:
     here 25 ms past a 10 ms lease. One outlier is not a trend: from the fourth frame the
     30 % tenant's leases are its share again (the room kept for the worst overrun kept
-    them at 21-23 ms for the 16 leases it is remembered)."""
+    them at 21-23 ms for the 16 leases it is remembered), the first of them with up to
+    2 ms of what the short ones before it owed."""
     policy, clock = make(("a", 30, 30))
     served = serve(policy, clock, "a", [lambda q: q + 25 * MS] + [whole] * 6)
-    assert all(29 <= quantum <= 31 for _, quantum in served[4:]), served
+    assert all(29 <= quantum <= 32 for _, quantum in served[4:]), served
 
 
 def test_a_capped_tenant_whose_work_ends_just_before_its_lease_keeps_its_share() -> None:

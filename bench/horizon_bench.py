@@ -34,7 +34,10 @@ second; grants/s and CPU at most 2x the old policy's.
 clock (token_scheduler/simulate.py: no overrun, no handoff cost, no noise;
 what tests/token_scheduler/test_policy_horizons.py checks).
 
-Run: python bench/horizon_bench.py [--runs 2] [--only steady,fresh] [--fake-clock]
+`--budget 10ms`: the scheduler's in-flight budget for both policies (default its own, 4 ms):
+each lease ends up to that much off its quantum, which is what the worst seconds feel.
+
+Run: python bench/horizon_bench.py [--runs 2] [--only steady,fresh] [--fake-clock] [--budget 10ms]
 (also `python bench/compute_bench.py --horizons`), after `pip install .` or
 with VCUDA_LIB_DIR and PYTHONPATH pointing at a build and the checkout.
 """
@@ -61,6 +64,7 @@ from workload import BusySampler, build, kill_all, scheduler  # noqa: E402
 from py_vcuda.launch import Tenant, tenant_env  # noqa: E402
 from py_vcuda.sim import SimConfig  # noqa: E402
 from token_scheduler.admin_client import AdminClient  # noqa: E402
+from token_scheduler.duration import parse_duration  # noqa: E402
 from token_scheduler.policy import PolicyConfig  # noqa: E402
 from token_scheduler.shares import cumulative, extreme_shares, share_between  # noqa: E402
 from token_scheduler.simulate import SimTenant, Simulation  # noqa: E402
@@ -170,22 +174,24 @@ def run_fake_clock(loads: list[Load], seconds: float, policy: str) -> Run:
     return Run(tenants, len(result.grants) / seconds, None, 100 * sim.policy.held_back_ns / (seconds * SECOND))
 
 
-def scheduler_flags(policy: str, record: Path | None, tag: str) -> list[str]:
-    """The daemon's flags: the policy, and with --record its record for this run (this
-    bench's own file name: a record of an earlier bench run there is replaced)."""
+def scheduler_flags(policy: str, record: Path | None, tag: str, budget: str | None = None) -> list[str]:
+    """The daemon's flags: the policy, the in-flight budget when --budget sets one, and with
+    --record its record for this run (this bench's own file name: a record of an earlier
+    bench run there is replaced)."""
+    flags = ["--short-horizon", policy] + (["--budget", budget] if budget else [])
     if record is None:
-        return ["--short-horizon", policy]
+        return flags
     path = record / f"{tag}.jsonl"
     path.unlink(missing_ok=True)
-    return ["--short-horizon", policy, "--record", str(path)]
+    return [*flags, "--record", str(path)]
 
 
 def run_scenario(exe: Path, tmp: Path, tag: str, loads: list[Load], seconds: float, policy: str,
-                 record: Path | None = None) -> Run:
+                 record: Path | None = None, budget: str | None = None) -> Run:
     sim = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_") and k != "LD_PRELOAD"}
     sim.update(SimConfig(state_path=tmp / f"sim-{tag}").env())
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    with scheduler(*scheduler_flags(policy, record, tag)) as (daemon, admin):
+    with scheduler(*scheduler_flags(policy, record, tag, budget)) as (daemon, admin):
         try:
             with BusySampler(Path(sim["VCUDA_SIM_STATE"]), SAMPLE_S) as sampler:
                 t0 = time.monotonic_ns()
@@ -232,14 +238,14 @@ def holds_past_leases(log: Path) -> list[float]:
 
 
 def run_gpu_scenario(kernel: tuple[int, int], tmp: Path, tag: str, loads: list[Load], seconds: float,
-                     policy: str, logs: Path | None, record: Path | None = None) -> Run:
+                     policy: str, logs: Path | None, record: Path | None = None, budget: str | None = None) -> Run:
     """The scenario on this machine's GPU: each tenant bench/gpu_train.py under libvcuda,
     its GPU time read from when each of its kernels ended (CUDA events)."""
     if any(load.register_s for load in loads):
         raise SystemExit("--gpu: tenants registered late (fresh) are not supported; use --only")
     base = {k: v for k, v in os.environ.items() if not k.startswith("VCUDA_") and k != "LD_PRELOAD"}
     procs: dict[str, subprocess.Popen[str]] = {}
-    with scheduler(*scheduler_flags(policy, record, tag)) as (daemon, admin):
+    with scheduler(*scheduler_flags(policy, record, tag, budget)) as (daemon, admin):
         try:
             for load in loads:
                 reply = admin.call("add", tenant=load.name, request=load.request, limit=load.limit)
@@ -365,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shim-log", type=Path, metavar="DIR",
                         help="with --gpu: keep each tenant's libvcuda debug log and its kernels' times in DIR, "
                              "and print how long it held its leases past their end")
+    parser.add_argument("--budget", metavar="DURATION",
+                        help="the scheduler's in-flight budget (`vcuda scheduler --budget`, e.g. 10ms) for both "
+                             "policies; default: the scheduler's own (4ms)")
     parser.add_argument("--record", type=Path, metavar="DIR",
                         help="keep each run's scheduler record in DIR (SCENARIO-POLICY-RUN.jsonl), to see "
                              "afterwards why a share fell short: python -m token_scheduler.replay FILE --free")
@@ -373,6 +382,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--shim-log needs --gpu")
     if args.record and args.fake_clock:
         parser.error("--record records a scheduler daemon: not with --fake-clock")
+    if args.budget and args.fake_clock:
+        parser.error("--budget is the scheduler daemon's: not with --fake-clock (no in-flight work there)")
+    if args.budget:
+        try:
+            parse_duration(args.budget)
+        except ValueError as exc:
+            parser.error(f"--budget: {exc}")
     if args.record:
         args.record.mkdir(parents=True, exist_ok=True)
     names = args.only.split(",")
@@ -393,12 +409,13 @@ def main(argv: list[str] | None = None) -> int:
             for policy in POLICIES:
                 if kernel:
                     runs[policy] = [run_gpu_scenario(kernel, tmp, f"{name}-{policy}-{i}", loads, seconds, policy,
-                                                     args.shim_log, args.record) for i in range(args.runs)]
+                                                     args.shim_log, args.record, args.budget)
+                                    for i in range(args.runs)]
                 elif exe is None:  # deterministic: one run
                     runs[policy] = [run_fake_clock(loads, seconds, policy)]
                 else:
                     runs[policy] = [run_scenario(exe, tmp, f"{name}-{policy}-{i}", loads, seconds, policy,
-                                                 args.record) for i in range(args.runs)]
+                                                 args.record, args.budget) for i in range(args.runs)]
             missed += report(name, loads, runs)
             if args.shim_log:
                 report_holds(args.shim_log, name, loads)

@@ -91,7 +91,21 @@ def test_gpu_mode_runs_both_policies_and_keeps_each_tenants_kernels(tmp_path, mo
 
 def test_holds_past_leases_reads_the_shims_lease_lines(tmp_path) -> None:
     log = tmp_path / "t.log"
-    log.write_text("vcuda: debug: device 0 lease 1: quantum 10000 us, held 12500 us (drain 3 us), more\n"
+    log.write_text("vcuda: debug: device 0 lease 1: quantum 10000 us, held 12500 us (drain 3 us), more; "
+                   "a launch 2000 us, K 2\n"
                    "vcuda: warning: something else\n"
                    "vcuda: debug: device 0 lease 3: quantum 6548 us, held 5000 us (drain 1 us), done\n")
     assert load_bench().holds_past_leases(log) == pytest.approx([2.5, -1.548])
+
+
+def test_budget_goes_to_the_daemon_of_both_policies_and_is_checked(tmp_path, capsys) -> None:
+    bench = load_bench()
+    assert bench.scheduler_flags("on", None, "t", "10ms") == ["--short-horizon", "on", "--budget", "10ms"]
+    assert bench.scheduler_flags("off", None, "t") == ["--short-horizon", "off"]
+    assert bench.scheduler_flags("off", tmp_path, "t", "4ms") == [
+        "--short-horizon", "off", "--budget", "4ms", "--record", str(tmp_path / "t.jsonl")]
+    for argv, said in ((["--budget", "10xs"], "--budget: not a duration"),
+                       (["--budget", "10ms", "--fake-clock"], "not with --fake-clock")):
+        with pytest.raises(SystemExit):
+            bench.main(argv)
+        assert said in capsys.readouterr().err

@@ -409,9 +409,6 @@ static void record(struct token_client *c, CUstream stream, int ptsz, int launch
     }
 }
 
-/* A launch found the gate closed: the thread's launches since its last
- * checkpoint get one of their own, so that the end of the lease knows all its
- * work in flight (await_tail). */
 /* The thread's next segment starts with this launch, `k` launches long. */
 static void start_segment(int k) {
     vcuda_thread_countdown = k - 1;
@@ -422,6 +419,9 @@ static void start_segment(int k) {
  * decrement of the countdown already happened). */
 static int segment_launched(void) { return thread_segment - 1 - vcuda_thread_countdown; }
 
+/* A launch found the gate closed: the thread's launches since its last
+ * checkpoint get one of their own, so that the end of the lease knows all its
+ * work in flight (await_tail). */
 static void seal(struct token_client *c, CUstream stream, int ptsz) {
     struct flight *f = &c->flight;
     if (vcuda_graph_mem_capturing(stream, ptsz != 0)) return; /* captured: it runs with its graph */

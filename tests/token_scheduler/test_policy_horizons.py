@@ -318,6 +318,28 @@ def test_a_lease_holds_its_frames_share_past_its_overrun() -> None:
     assert served == [(0, 10), (95, 4), (195, 7), (295, 7), (395, 7)]
 
 
+@pytest.mark.parametrize(("late_ms", "charged_ms", "next_ms"), [(0, 10, 93.5), (1, 11, 93.5), (12, 11, 101)])
+def test_a_grant_that_reaches_its_holder_late_is_charged_at_most_a_handoff_more_than_the_hold(
+        late_ms: int, charged_ms: int, next_ms: float) -> None:
+    """The grant reached b `late_ms` after it was sent (its process woken late by a busy CPU):
+    the scheduler saw the lease that much longer than b held it. b is charged its 10 ms hold
+    and at most 1 ms of the way, and its next lease is on its grid (93.5 ms after the grant:
+    up to half its share early, the limits filling the GPU), or, its hold 12 ms late, where
+    the 100 ms horizon lets it (101 ms). Charged the whole way (22 ms), it waited until
+    138.5 ms: a 13 % tenant with nothing on the GPU for more than 100 ms."""
+    policy, clock = make(("b", 13, 13), ("other", 85, 85))
+    ran_a_moment_ago(policy, clock, "other")
+    used = policy.usage_ns("b")
+    policy.request("b", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None and grant.tenant == "b" and grant.quantum_ns == 10 * MS
+    clock.advance(late_ms * MS + grant.quantum_ns)
+    policy.release("b", b"1", grant.lease_id, grant.quantum_ns, True)
+    assert policy.usage_ns("b") - used == charged_ms * MS
+    assert policy.dispatch() is None
+    assert policy.next_deadline() == grant.granted_at + next_ms * MS
+
+
 def test_the_capped_tenant_whose_frame_ends_first_goes_first() -> None:
     """a's frames start at 0, b's at 50 ms. At 150 ms both wait: b since 60 ms (owed
     more), a since 140 ms, its frame due to end at 200 ms, b's at 250 ms. a goes first,

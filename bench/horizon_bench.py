@@ -14,7 +14,8 @@ token_scheduler daemon (window 10 s, the default) decides. Scenarios:
   pair            30/30 and 60/60, both busy (the monitoring tests' loaded GPU)
 
 Per tenant, from 1 s after it starts to 1 s before the end (GPU time the
-simulator served it, sampled every 10 ms): the lowest and highest share over
+simulator served it, sampled every 10 ms; a sample whose read took over 1 ms is
+dropped, its time too uncertain, and counted): the lowest and highest share over
 any 1 s and any 100 ms interval, its share over the last 10 s, and its shares
 of each of its first 6 seconds; per run the scheduler's grants (renewals
 included) per second, its CPU time per second, and the share of the run the token
@@ -115,6 +116,7 @@ class Run:
     grants_per_s: float
     cpu_percent: float | None  # the scheduler daemon's; None on the fake clock
     held_back_percent: float = 0.0  # the token free while every waiting tenant was held back
+    samples_dropped: int = 0  # GPU time samples whose read took too long to time (BusySampler)
 
 
 Marks = list[tuple[int, dict[str, Any]]]  # (when, the scheduler's per-tenant stats then)
@@ -220,7 +222,8 @@ def run_scenario(exe: Path, tmp: Path, tag: str, loads: list[Load], seconds: flo
         tenants[load.name] = figures(points, t0 + int(load.start_s * SECOND), end - SECOND)
     add_token(tenants, marks)
     grants = sum(s["grants"] + s["renewals"] for s in stats.values())
-    return Run(tenants, grants / seconds, 100 * cpu / seconds, float(reply["held_back_ms"]) / seconds / 10)
+    return Run(tenants, grants / seconds, 100 * cpu / seconds, float(reply["held_back_ms"]) / seconds / 10,
+               sampler.dropped)
 
 
 def calibrate_gpu() -> tuple[int, int]:
@@ -350,7 +353,8 @@ def report(name: str, loads: list[Load], runs: dict[str, list[Run]]) -> list[str
         held_back = " / ".join(f"{r.held_back_percent:.1f}" for r in runs[policy])
         print(f"  scheduler {policy:<4} grants/s {' / '.join(f'{r.grants_per_s:.1f}' for r in runs[policy])}"
               + (f", CPU {' / '.join(cpu)} %" if cpu else "")
-              + f", token free, all waiting held back {held_back} %")
+              + f", token free, all waiting held back {held_back} %"
+              + f", samples dropped {' / '.join(str(r.samples_dropped) for r in runs[policy])}")
     for old, new in zip(runs["off"], runs["on"], strict=True):
         if new.grants_per_s > 2 * old.grants_per_s:
             missed.append(f"{name}: grants/s {new.grants_per_s:.1f} > 2x {old.grants_per_s:.1f}")

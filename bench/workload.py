@@ -24,6 +24,7 @@ from py_vcuda.sim import SimReader
 from token_scheduler.testing import AdminClient, spawn_daemon
 
 REPO = Path(__file__).resolve().parents[1]
+SAMPLE_SPAN_NS = 1_000_000  # BusySampler: the most a sample's read may take
 
 
 def build(out_dir: Path) -> Path:
@@ -58,12 +59,19 @@ def kill_all(procs: Iterable[subprocess.Popen[bytes]]) -> None:
 
 
 class BusySampler:
-    """Samples (CLOCK_MONOTONIC ns, {pid: busy ns}) of device 0 every `interval_s` in a thread."""
+    """Samples (CLOCK_MONOTONIC ns, {pid: busy ns}) of device 0 every `interval_s` in a thread.
+
+    A sample is timed by the clock read before and after it (the simulator serves work up to
+    the moment it is read) and kept only when the two are at most SAMPLE_SPAN_NS apart: a
+    sampler thread held up between the read and its timestamp (the GIL, a busy CPU) made a
+    100 ms interval look up to that much fuller or emptier than it was. `dropped` counts the
+    others."""
 
     def __init__(self, state_path: Path, interval_s: float = 0.05) -> None:
         self.state_path = state_path
         self.interval_s = interval_s
         self.samples: list[tuple[int, dict[int, int]]] = []
+        self.dropped = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="busy-sampler", daemon=True)
 
@@ -80,8 +88,13 @@ class BusySampler:
         while not self._stop.is_set():
             try:
                 reader = reader or SimReader(self.state_path)
+                before = time.monotonic_ns()
                 busy = {p.pid: p.busy_ns for p in reader.processes(0)}
-                self.samples.append((time.monotonic_ns(), busy))
+                after = time.monotonic_ns()
+                if after - before <= SAMPLE_SPAN_NS:
+                    self.samples.append(((before + after) // 2, busy))
+                else:
+                    self.dropped += 1
             except Exception:  # the state file appears with the first process
                 reader = None
             self._stop.wait(self.interval_s)

@@ -64,6 +64,8 @@ pytestmark = pytest.mark.skipif(COMPUTE_SKIP_REASON is not None, reason=COMPUTE_
 
 SECONDS = float(os.environ.get("VCUDA_GPU_TEST_SECONDS") or 15)
 WARMUP = float(os.environ.get("VCUDA_GPU_TEST_WARMUP") or 5)
+# `vcuda run --log-level` of every tenant (the shim's log is in a failing child's stderr)
+LOG_LEVEL = os.environ.get("VCUDA_GPU_TEST_LOG_LEVEL")
 SHARE_TOLERANCE_PP = 2.0
 OVERHEAD_MIN_RATIO = 0.99
 AGGREGATE_MIN_RATIO = 0.97
@@ -129,16 +131,17 @@ else:
 
 if kind == "calibrate":
     target_ms = float(cfg.get("target_ms", 2.0))
-    spin(2)
+    # `it=iters` each time: spin()'s default is the length it was defined with
+    spin(2, it=iters)
     sync()
     for _ in range(3):
         t = time.perf_counter()
-        spin(5)
+        spin(5, it=iters)
         sync()
         per_ms = (time.perf_counter() - t) * 1000 / 5
         iters = max(64, int(iters * target_ms / per_ms))
     t = time.perf_counter()
-    spin(10)
+    spin(10, it=iters)
     sync()
     done(iters=iters, kernel_ms=(time.perf_counter() - t) * 100, sms=sms)
     raise SystemExit(0)
@@ -241,7 +244,29 @@ def private_scheduler_runtime() -> Iterator[Path]:
     finally:
         _VCUDA_RUN_ENV.clear()
         _stop_schedulers(path)
+        _keep_scheduler_logs(path)
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _scheduler_logs(runtime: Path) -> list[Path]:
+    return sorted(runtime.glob("vcuda-*/scheduler-*/scheduler.log"))
+
+
+def _keep_scheduler_logs(runtime: Path) -> None:
+    """Copy the schedulers' logs beside the results file (VCUDA_GPU_RESULTS), before the runtime
+    directory goes: a failure on hardware is rare and costly to reproduce."""
+    results = os.environ.get("VCUDA_GPU_RESULTS")
+    if not results:
+        return
+    for log in _scheduler_logs(runtime):
+        shutil.copyfile(log, Path(results).parent / f"compute-{log.parent.name}.log")
+
+
+def _print_scheduler_logs(limit: int = 4000) -> None:
+    """The end of each scheduler log of this module (pytest shows it with a failure)."""
+    runtime = _VCUDA_RUN_ENV.get("XDG_RUNTIME_DIR")
+    for log in _scheduler_logs(Path(runtime)) if runtime else []:
+        print(f"--- {log} (last {limit} characters)\n{log.read_text(errors='replace')[-limit:]}")
 
 
 def _stop_schedulers(runtime: Path) -> None:
@@ -290,6 +315,8 @@ def run_group(py: Any, gpu: dict[str, Any], baseline_env: dict[str, str], specs:
                     prefix += ["--core-limit", str(spec.limit)]
                 if spec.priority is not None:
                     prefix += ["--priority", spec.priority]
+                if LOG_LEVEL:
+                    prefix += ["--log-level", LOG_LEVEL]
                 prefix += ["--gpu", gpu["uuid"], "--"]
                 env = {**baseline_env, **_VCUDA_RUN_ENV}
             children.append(py.spawn(WORKER, env, prefix=prefix, argv=[json.dumps(cfg)], label=spec.label))
@@ -306,6 +333,7 @@ def run_group(py: Any, gpu: dict[str, Any], baseline_env: dict[str, str], specs:
                             **{k: v for k, v in msg.items() if k != "pid"}})
     except BaseException:
         _stop_children(children)
+        _print_scheduler_logs()
         raise
     return results
 
@@ -316,6 +344,8 @@ def iters(py_module, baseline_env) -> int:
     need("spin")
     out = py_module.run(WORKER, baseline_env, argv=[json.dumps({"kind": "calibrate", "target_ms": 2.0})])
     assert out.rc == 0 and "iters" in out.data, out.stderr
+    # A kernel far off 2 ms makes every group's counts meaningless, or each group hang for minutes
+    assert 1.0 <= out.data["kernel_ms"] <= 4.0, f"calibration missed 2 ms: {out.data}"
     return int(out.data["iters"])
 
 

@@ -314,8 +314,8 @@ class Daemon:
         if self._told_budget.get(key) != budget:
             self._told_budget[key] = budget
             self._send(endpoint, client, wire.encode_budget(seq, budget[0] // 1000, budget[1] // 1000))
-        frame = wire.encode_grant(seq, lease_id, quantum_ns // 1000,
-                                  self.policy.config.grace_ns // 1000)
+        frame = wire.encode_grant(seq, lease_id, quantum_ns // 1000, self.policy.config.grace_ns // 1000,
+                                  no_renew=not self.policy.renewable(endpoint.name))
         return self._send(endpoint, client, frame)
 
     def _dispatch(self) -> None:

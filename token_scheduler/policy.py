@@ -501,6 +501,16 @@ class Policy:
             return max(self.config.budget_high_ns, min(self.config.normal_budget_ns, lease // 4))
         return self.config.normal_budget_ns
 
+    def renewable(self, tenant_name: str) -> bool:
+        """Whether a RENEW of the tenant's leases is worth asking for (the GRANT says when it
+        is not, and libvcuda does not ask). Not a capped tenant's under short horizons:
+        its lease is what its frame allows, so at its end the tenant is at its frame's
+        budget and waits for its next frame (of about 480 RENEWs in a run of the issue's
+        pair or three, all but one were denied), and each denied RENEW cost a message
+        each way and the holder a wake-up. Advisory: a RENEW still gets `renew`'s answer."""
+        tenant = self.tenants.get(tenant_name)
+        return tenant is None or not (self.config.short_horizon and tenant.limit < 100)
+
     def idle_ns(self, tenant_name: str) -> int:
         """How long the tenant's holders wait for their next launch before releasing."""
         tenant = self.tenants.get(tenant_name)

@@ -21,6 +21,7 @@ MAX_ERROR_TEXT = 200
 MAX_FRAME = HEADER_SIZE + 16 + MAX_ERROR_TEXT
 
 FLAG_MORE = 0x0001  # RELEASE: the client has more work and re-requests at once
+FLAG_NO_RENEW = 0x0002  # GRANT: a RENEW of this lease would be denied; the client need not ask
 
 
 class MsgType(IntEnum):
@@ -156,8 +157,8 @@ def encode_request(seq: int, pid: int, predicted_burst_us: int) -> bytes:
     )
 
 
-def encode_grant(seq: int, lease_id: int, quantum_us: int, grace_us: int) -> bytes:
-    return _header(MsgType.GRANT, 0, seq, GRANT_BODY.size) + GRANT_BODY.pack(
+def encode_grant(seq: int, lease_id: int, quantum_us: int, grace_us: int, no_renew: bool = False) -> bytes:
+    return _header(MsgType.GRANT, FLAG_NO_RENEW if no_renew else 0, seq, GRANT_BODY.size) + GRANT_BODY.pack(
         lease_id, min(quantum_us, 0xFFFFFFFF), min(grace_us, 0xFFFFFFFF)
     )
 

@@ -79,7 +79,7 @@ enum {
     MSG_REVOKE = 8, MSG_BUDGET = 9, MSG_REPORT = 10
 };
 enum { PONG_IDLE = 0 }; /* PONG's state of this client: the scheduler has no request of it */
-enum { FLAG_MORE = 1 };
+enum { FLAG_MORE = 1, FLAG_NO_RENEW = 2 };
 enum { ERR_STALE_LEASE = 5, ERR_LEASE_EXPIRED = 6, ERR_RENEW_DENIED = 7, ERR_TENANT_REMOVED = 9 };
 #define HEADER_LEN 16
 #define IDLE_CHECK_MIN_NS 1000000ull /* 1 ms */
@@ -167,6 +167,7 @@ struct token_client {
     _Atomic unsigned syncs; /* synchronizes ended meanwhile (vcuda_compute_synchronized) */
     unsigned syncs_seen;    /* client thread only */
     uint64_t renewed_ns;    /* the quantum of the renewal just granted (WAKE_RENEWED) */
+    bool renewed_final;     /* ... and whether the scheduler would deny renewing it again */
     uint64_t unanswered;    /* a lease released before the answer to its RENEW came: ignore that answer */
     uint32_t asked_seq;     /* client thread only: seq of the last REQUEST or RELEASE(MORE) */
     struct flight flight;
@@ -201,6 +202,7 @@ static void sleep_until_precisely(uint64_t t) {
 
 static void put32(unsigned char *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
 static void put64(unsigned char *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+static uint16_t get16(const unsigned char *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static uint32_t get32(const unsigned char *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
 static uint64_t get64(const unsigned char *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
 
@@ -619,6 +621,7 @@ static enum wake take_message(struct token_client *c, const unsigned char *buf, 
     if (lease == c->unanswered) return WAKE_TIMEOUT; /* the answer to a RENEW it stopped waiting for */
     if (buf[5] == MSG_GRANT && get64(buf + 16) == lease) {
         c->renewed_ns = (uint64_t)get32(buf + 24) * 1000ull;
+        c->renewed_final = (get16(buf + 6) & FLAG_NO_RENEW) != 0;
         return WAKE_RENEWED;
     }
     if (buf[5] == MSG_ERROR && get64(buf + 24) == lease) return WAKE_DENIED; /* RENEW_DENIED, LEASE_EXPIRED */
@@ -664,7 +667,7 @@ static enum wake wait_event(struct token_client *c, uint64_t lease, uint64_t dea
 /* Waits for a GRANT; returns false when the connection is lost or the wait
  * exceeded `timeout_ms`. Every frame is a sign of life (c->heard_ns); a PONG
  * saying the scheduler has no request of ours (it lost it) asks again. */
-static bool wait_grant(struct token_client *c, uint64_t *lease, uint64_t *quantum_ns, int timeout_ms) {
+static bool wait_grant(struct token_client *c, uint64_t *lease, uint64_t *quantum_ns, bool *final, int timeout_ms) {
     uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
         unsigned char buf[256];
@@ -688,6 +691,7 @@ static bool wait_grant(struct token_client *c, uint64_t *lease, uint64_t *quantu
             if (get64(buf + 16) == c->unanswered) continue; /* a renewal of a lease already given back */
             *lease = get64(buf + 16);
             *quantum_ns = (uint64_t)get32(buf + 24) * 1000ull;
+            *final = (get16(buf + 6) & FLAG_NO_RENEW) != 0;
             return true;
         }
         if (buf[5] == MSG_ERROR && len >= HEADER_LEN + 16) {
@@ -770,7 +774,9 @@ static void learn_grace(struct token_client *c, uint64_t resume) {
 }
 
 /* The terms of a lease while it is held: its quantum, when the gate closes, and
- * when to ask for a renewal (RENEW_LEAD_NS before that, at most a quarter quantum). */
+ * when to ask for a renewal (RENEW_LEAD_NS before that, at most a quarter quantum;
+ * never when the GRANT said the scheduler would deny it: a message each way and a
+ * wake-up for nothing, on every lease of a capped tenant). */
 struct term {
     uint64_t quantum_ns, lead_ns, end, renew_at;
     bool asked; /* a RENEW is unanswered */
@@ -778,17 +784,17 @@ struct term {
 
 /* Closes the gate early by the time the process's queued work usually takes to
  * drain, so the hold, overrun included, stays within the quantum. */
-static void term_start(struct token_client *c, struct term *t, uint64_t from, uint64_t quantum_ns) {
+static void term_start(struct token_client *c, struct term *t, uint64_t from, uint64_t quantum_ns, bool final) {
     t->quantum_ns = quantum_ns;
     t->lead_ns = c->drain_ns < quantum_ns / 2 ? c->drain_ns : quantum_ns / 2;
     t->end = from + quantum_ns - t->lead_ns;
-    t->renew_at = t->end - (quantum_ns / 4 < RENEW_LEAD_NS ? quantum_ns / 4 : RENEW_LEAD_NS);
+    t->renew_at = final ? UINT64_MAX : t->end - (quantum_ns / 4 < RENEW_LEAD_NS ? quantum_ns / 4 : RENEW_LEAD_NS);
     t->asked = false;
 }
 
 /* The scheduler answered the RENEW (WAKE_RENEWED: a new quantum from now). */
 static void term_answered(struct token_client *c, struct term *t, enum wake why) {
-    if (why == WAKE_RENEWED) term_start(c, t, now_ns(), c->renewed_ns);
+    if (why == WAKE_RENEWED) term_start(c, t, now_ns(), c->renewed_ns, c->renewed_final);
     t->asked = false;
 }
 
@@ -813,10 +819,10 @@ static uint64_t drain_bound(struct token_client *c) {
 /* Holds the token until the quantum ends, the process goes idle, the lease is
  * revoked or the scheduler is lost; returns whether it asked for the token
  * again (RELEASE with MORE). */
-static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns) {
+static bool hold(struct token_client *c, uint64_t lease, uint64_t quantum_ns, bool final) {
     uint64_t receipt = now_ns();
     struct term term;
-    term_start(c, &term, receipt, quantum_ns);
+    term_start(c, &term, receipt, quantum_ns, final);
     /* Idle checks a quarter quantum apart, but at most a few idle graces: a tenant told to
      * give the token back quickly (a high one) must also notice quickly that it is idle. */
     uint64_t check = quantum_ns / 4 < 4 * c->idle_grace_ns ? quantum_ns / 4 : 4 * c->idle_grace_ns;
@@ -1025,7 +1031,8 @@ static void *client_main(void *arg) {
         }
         requested = true;
         uint64_t lease = 0, quantum = 0;
-        if (!wait_grant(c, &lease, &quantum, ping_every_ms)) {
+        bool final = false;
+        if (!wait_grant(c, &lease, &quantum, &final, ping_every_ms)) {
             if (c->conn.fd < 0) { /* connection lost: reconnect and ask again */
                 requested = false;
                 continue;
@@ -1040,7 +1047,7 @@ static void *client_main(void *arg) {
         needed = false;
         backoff_ms = 10;
         /* With MORE the scheduler queues us again itself. */
-        requested = hold(c, lease, quantum);
+        requested = hold(c, lease, quantum, final);
     }
     return NULL;
 }

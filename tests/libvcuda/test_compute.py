@@ -599,3 +599,18 @@ def test_silent_scheduler_is_lost_after_the_timeout(tmp_path: Path, cuprobe: Pat
     # ~1 s at 10 %, then unthrottled after at most a lease and the 300 ms of silence: ~0.7 of
     # the 4 s; held at its limit throughout it would be ~0.1.
     assert busy / wall >= 0.4, f"{busy / wall:.3f} of the GPU"
+
+
+def test_a_capped_tenant_does_not_ask_for_renewals_it_would_be_denied(scheduler: AdminClient, cuprobe: Path,
+                                                                       shim: Path, sim_env: dict[str, str],
+                                                                       tmp_path: Path) -> None:
+    """Under short horizons a capped tenant's lease is what its frame allows, and its GRANT
+    says a RENEW would be denied (NO_RENEW): the shim does not ask, which saved a message
+    each way and a wake-up on every lease. Its share is unchanged."""
+    a = scheduler.call("add", tenant="a", request=30, limit=30)["endpoint"]
+    scheduler.call("add", tenant="b", request=60)  # registered, idle
+    busy, wall = busy_us(spin(cuprobe, tenant_env(shim, sim_env, tmp_path, "a", str(a)), 3000))
+    stats = scheduler.call("stats")["tenants"]["a"]
+    counts = {k: stats[k] for k in ("grants", "renewals", "renew_denied", "expiries")}
+    assert stats["grants"] >= 20 and stats["renew_denied"] == 0 and stats["renewals"] == 0, counts
+    assert abs(100 * busy / wall - 30) <= 3.0, f"{100 * busy / wall:.1f} % of the GPU, {counts}"

@@ -180,6 +180,17 @@ def test_renew_when_alone_then_denied(admin: AdminClient, zctx: zmq.Context) -> 
     assert a.expect(MsgType.ERROR).fields[0] == ErrorCode.RENEW_DENIED
 
 
+def test_a_capped_tenants_grant_says_no_renewal(admin: AdminClient, zctx: zmq.Context) -> None:
+    """Under short horizons a capped tenant's lease is what its frame allows, so its GRANT
+    carries NO_RENEW; an uncapped tenant's does not (alone, it keeps its lease by renewing)."""
+    capped = TenantClient(add(admin, "capped", 30), zctx)
+    uncapped = TenantClient(add(admin, "uncapped", 30, 100), zctx)
+    grant = capped.acquire()
+    assert grant.flags & wire.FLAG_NO_RENEW
+    capped.release(grant.fields[0], 1 * MS)
+    assert not uncapped.acquire().flags & wire.FLAG_NO_RENEW
+
+
 def test_silent_holder_lease_expires(admin: AdminClient, zctx: zmq.Context) -> None:
     a = TenantClient(add(admin, "a", 50), zctx)
     b = TenantClient(add(admin, "b", 50), zctx)

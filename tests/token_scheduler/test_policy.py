@@ -244,6 +244,18 @@ def test_renew_only_when_uncontended() -> None:
     assert info.value.code == ErrorCode.RENEW_DENIED
 
 
+@pytest.mark.parametrize(("short_horizon", "requested", "limit", "renewable"),
+                         [(True, 30, 30, False), (True, 30, 60, False), (True, 30, 100, True),
+                          (False, 30, 30, True), (False, 30, 60, True)])
+def test_which_leases_may_be_renewed(short_horizon: bool, requested: int, limit: int, renewable: bool) -> None:
+    """Under short horizons a capped tenant's lease is what its frame allows (at its end it
+    waits for its next frame): the GRANT says a RENEW would be denied."""
+    policy = Policy(PolicyConfig(short_horizon=short_horizon), FakeClock())
+    policy.add_tenant("a", requested, limit)
+    assert policy.renewable("a") is renewable
+    assert policy.renewable("gone") is True
+
+
 def test_renew_when_the_holder_would_get_the_token_back_anyway() -> None:
     policy, clock = make(("inference", 60, 100), ("trainer", 40, 100))
     policy.update_tenant("inference", 60, 100, priority="high")

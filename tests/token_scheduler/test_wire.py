@@ -42,6 +42,11 @@ def test_release_more_flag() -> None:
     assert not wire.decode_client(wire.encode_release(1, 1, 1, False)).flags & wire.FLAG_MORE
 
 
+def test_grant_no_renew_flag() -> None:
+    assert wire.decode_server(wire.encode_grant(1, 1, 1, 1, no_renew=True)).flags & wire.FLAG_NO_RENEW
+    assert not wire.decode_server(wire.encode_grant(1, 1, 1, 1)).flags & wire.FLAG_NO_RENEW
+
+
 def test_server_round_trip() -> None:
     grant = wire.decode_server(wire.encode_grant(5, 2**40, 20_000, 10_000))
     assert grant.fields == (2**40, 20_000, 10_000) and grant.seq == 5

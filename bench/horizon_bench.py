@@ -53,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,7 @@ class Run:
     cpu_percent: float | None  # the scheduler daemon's; None on the fake clock
     held_back_percent: float = 0.0  # the token free while every waiting tenant was held back
     samples_dropped: int = 0  # GPU time samples whose read took too long to time (BusySampler)
+    stalls_ms: list[float] = field(default_factory=list)  # the daemon's turns held up by the host (its stats)
 
 
 Marks = list[tuple[int, dict[str, Any]]]  # (when, the scheduler's per-tenant stats then)
@@ -223,7 +224,13 @@ def run_scenario(exe: Path, tmp: Path, tag: str, loads: list[Load], seconds: flo
     add_token(tenants, marks)
     grants = sum(s["grants"] + s["renewals"] for s in stats.values())
     return Run(tenants, grants / seconds, 100 * cpu / seconds, float(reply["held_back_ms"]) / seconds / 10,
-               sampler.dropped)
+               sampler.dropped, stalls_between(reply, t0, end))
+
+
+def stalls_between(stats: dict[str, Any], t0: int, end: int) -> list[float]:
+    """How long each of the daemon's stalls (turns the host held up 5 ms or more) in [t0, end]
+    lasted, in ms: the daemon's clock is this process's CLOCK_MONOTONIC."""
+    return [float(length) for at, length in stats.get("stalls", []) if t0 / 1e6 <= float(at) <= end / 1e6]
 
 
 def calibrate_gpu() -> tuple[int, int]:
@@ -286,7 +293,8 @@ def run_gpu_scenario(kernel: tuple[int, int], tmp: Path, tag: str, loads: list[L
         tenants[load.name] = figures(cumulative(intervals), t0 + int(load.start_s * SECOND), end - SECOND)
     add_token(tenants, marks)
     grants = sum(s["grants"] + s["renewals"] for s in reply["tenants"].values())
-    return Run(tenants, grants / seconds, 100 * cpu / seconds, float(reply["held_back_ms"]) / seconds / 10)
+    return Run(tenants, grants / seconds, 100 * cpu / seconds, float(reply["held_back_ms"]) / seconds / 10,
+               stalls_ms=stalls_between(reply, t0, end))
 
 
 def report_holds(logs: Path, name: str, loads: list[Load]) -> None:
@@ -354,7 +362,10 @@ def report(name: str, loads: list[Load], runs: dict[str, list[Run]]) -> list[str
         print(f"  scheduler {policy:<4} grants/s {' / '.join(f'{r.grants_per_s:.1f}' for r in runs[policy])}"
               + (f", CPU {' / '.join(cpu)} %" if cpu else "")
               + f", token free, all waiting held back {held_back} %"
-              + f", samples dropped {' / '.join(str(r.samples_dropped) for r in runs[policy])}")
+              + f", samples dropped {' / '.join(str(r.samples_dropped) for r in runs[policy])}"
+              + ", scheduler stalls of 5 ms or more " + " / ".join(
+                  f"{len(r.stalls_ms)}" + (f" (longest {max(r.stalls_ms):.0f} ms)" if r.stalls_ms else "")
+                  for r in runs[policy]))
     for old, new in zip(runs["off"], runs["on"], strict=True):
         if new.grants_per_s > 2 * old.grants_per_s:
             missed.append(f"{name}: grants/s {new.grants_per_s:.1f} > 2x {old.grants_per_s:.1f}")

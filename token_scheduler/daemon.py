@@ -30,6 +30,7 @@ import re
 import secrets
 import select
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,11 @@ SOCKET_NAME = "sched.sock"
 ADMIN_SOCKET = "admin.sock"
 MAX_IPC_PATH = 107  # sun_path minus the terminating NUL
 IDLE_POLL_MS = 500  # wake this often with nothing due, to notice a stop request
+# A turn that wakes this long past its timeout, or takes this long, was held up by the host (a busy
+# CPU, a blocked write), not by the policy: every tenant's handoff waited that long. `stats` keeps
+# the last STALLS_KEPT of them, so that a share that fell short can be told from a node that stalled.
+STALL_NS = 5_000_000
+STALLS_KEPT = 64
 TENANT_MAX_MSG = 4096  # larger frames make libzmq drop the sender's connection
 ADMIN_MAX_MSG = 65536
 _IN = select.EPOLLIN
@@ -103,6 +109,8 @@ class Daemon:
         self.idle_poll_ms = IDLE_POLL_MS
         # The (budget, idle) each client was last told in a BUDGET frame, by (tenant, routing id).
         self._told_budget: dict[tuple[str, bytes], tuple[int, int]] = {}
+        self._stalls: deque[tuple[int, int]] = deque(maxlen=STALLS_KEPT)  # (when it began, ns)
+        self.stall_count = 0
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -155,10 +163,15 @@ class Daemon:
 
     def turn(self) -> None:
         """One wait and everything it delivered; public for tests and benches."""
+        timeout_s = self._timeout_s()
+        asleep = self.clock()
         try:
-            ready = self._epoll.poll(self._timeout_s())
+            ready = self._epoll.poll(timeout_s)
         except InterruptedError:  # a signal: the caller's should_stop() decides
             return
+        woke = self.clock()
+        if not ready:  # woken by the timeout: anything past it is the host's
+            self._note_stall(asleep + int(timeout_s * 1e9), woke)
         for fd, events in ready:
             if fd == self._admin_fd:
                 self._serve_admin()
@@ -172,6 +185,12 @@ class Daemon:
             else:
                 self._serve_peer(endpoint, peer, events)
         self._dispatch()
+        self._note_stall(woke, self.clock())
+
+    def _note_stall(self, start: int, end: int) -> None:
+        if end - start >= STALL_NS:
+            self.stall_count += 1
+            self._stalls.append((start, end - start))
 
     def _timeout_s(self) -> float:
         deadline = self.policy.next_deadline()
@@ -438,4 +457,8 @@ class Daemon:
                 for t in self.policy.tenants.values()]
 
     def stats(self) -> dict[str, object]:
-        return {"gpu": self.gpu, **self.policy.stats()}
+        """The policy's figures, and the daemon's stalls: how many turns woke STALL_NS or more
+        past their timeout or took that long, and the last STALLS_KEPT of them as [when (the
+        daemon's clock, ms), how long (ms)]."""
+        stalls = [[start / 1e6, length / 1e6] for start, length in self._stalls]
+        return {"gpu": self.gpu, **self.policy.stats(), "stall_count": self.stall_count, "stalls": stalls}

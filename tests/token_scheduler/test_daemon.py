@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from token_scheduler import wire
 from token_scheduler.daemon import Daemon
 from token_scheduler.errors import ErrorCode
 from token_scheduler.policy import MS, SECOND, PolicyConfig
+from token_scheduler.simulate import FakeClock
 from token_scheduler.testing import AdminClient, TenantClient, daemon_thread
 from token_scheduler.wire import MsgType
 
@@ -374,3 +376,38 @@ def test_admin_priority(daemon: Daemon, admin: AdminClient) -> None:
     assert admin.call("list")["tenants"][0]["priority"] == "high"
     saved = json.loads((daemon.directory / "tenants.json").read_text())
     assert saved["tenants"][0]["priority"] == "high"
+
+
+def test_turns_held_up_by_the_host_are_counted_as_stalls(short_dir: Path) -> None:
+    """A turn that wakes 5 ms or more past its timeout, or takes that long, was held up by the
+    host: `stats` counts it and keeps when and how long, so that a share that fell short can
+    be told from a node that stalled. A turn on time is none."""
+    clock = FakeClock(1_000 * SECOND)
+    daemon = Daemon(short_dir / "sched", "0", PolicyConfig(), clock=clock)
+    daemon.idle_poll_ms = 1
+    try:
+        daemon.start()
+        sleeps = iter([1 * MS, 21 * MS, 2 * MS])
+
+        def poll(timeout_s: float) -> list[tuple[int, int]]:
+            clock.advance(next(sleeps))  # on time, then 20 ms past the 1 ms timeout, then 1 ms past
+            return []
+
+        daemon._epoll = _PollStub(poll, daemon._epoll)  # type: ignore[assignment]
+        for _ in range(3):
+            daemon.turn()
+        stats = daemon.stats()
+    finally:
+        daemon.close()
+    assert stats["stall_count"] == 1
+    assert stats["stalls"] == [[(1_000 * SECOND + 2 * MS) / 1e6, 20.0]]
+
+
+class _PollStub:
+    """An epoll whose poll() is `poll`; everything else is the real one's."""
+
+    def __init__(self, poll: Callable[[float], list[tuple[int, int]]], real: object) -> None:
+        self.poll, self._real = poll, real
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)

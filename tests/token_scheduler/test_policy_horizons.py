@@ -340,6 +340,27 @@ def test_a_grant_that_reaches_its_holder_late_is_charged_at_most_a_handoff_more_
     assert policy.next_deadline() == grant.granted_at + next_ms * MS
 
 
+@pytest.mark.parametrize(("late_ms", "next_ms"), [(0, 93.5), (1, 93.5), (12, 101)])
+def test_a_grant_from_a_free_token_is_charged_the_hold_alone(late_ms: int, next_ms: float) -> None:
+    """As above, but the token sat free before b's grant (other's release was followed by
+    a dispatch that lent it to nobody): the GRANT's way took no one's turn, so b is charged
+    its 10 ms hold and none of the way, however late the grant reached it. Charged 1 ms of
+    the way a lease, a 13/13 tenant beside a 50/50 one got 12.2 % of an H200 over 10 s."""
+    policy, clock = make(("b", 13, 13), ("other", 85, 85))
+    ran_a_moment_ago(policy, clock, "other")
+    assert policy.dispatch() is None
+    clock.advance(MS)
+    used = policy.usage_ns("b")
+    policy.request("b", b"1", 0)
+    grant = policy.dispatch()
+    assert grant is not None and grant.tenant == "b" and grant.quantum_ns == 10 * MS
+    clock.advance(late_ms * MS + grant.quantum_ns)
+    policy.release("b", b"1", grant.lease_id, grant.quantum_ns, True)
+    assert policy.usage_ns("b") - used == 10 * MS
+    assert policy.dispatch() is None
+    assert policy.next_deadline() == grant.granted_at + next_ms * MS
+
+
 def test_the_capped_tenant_whose_frame_ends_first_goes_first() -> None:
     """a's frames start at 0, b's at 50 ms. At 150 ms both wait: b since 60 ms (owed
     more), a since 140 ms, its frame due to end at 200 ms, b's at 250 ms. a goes first,

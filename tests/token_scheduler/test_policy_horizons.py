@@ -318,17 +318,26 @@ def test_a_lease_holds_its_frames_share_past_its_overrun() -> None:
     assert served == [(0, 10), (95, 4), (195, 7), (295, 7), (395, 7)]
 
 
-@pytest.mark.parametrize(("late_ms", "charged_ms", "next_ms"), [(0, 10, 93.5), (1, 11, 93.5), (12, 11, 101)])
+@pytest.mark.parametrize(("free", "late_ms", "charged_ms", "next_ms"), [
+    (False, 0, 10, 93.5), (False, 1, 11, 93.5), (False, 12, 11, 101),
+    (True, 0, 10, 93.5), (True, 1, 10, 93.5), (True, 12, 10, 101),
+])
 def test_a_grant_that_reaches_its_holder_late_is_charged_at_most_a_handoff_more_than_the_hold(
-        late_ms: int, charged_ms: int, next_ms: float) -> None:
+        free: bool, late_ms: int, charged_ms: int, next_ms: float) -> None:
     """The grant reached b `late_ms` after it was sent (its process woken late by a busy CPU):
-    the scheduler saw the lease that much longer than b held it. b is charged its 10 ms hold
-    and at most 1 ms of the way, and its next lease is on its grid (93.5 ms after the grant:
-    up to half its share early, the limits filling the GPU), or, its hold 12 ms late, where
-    the 100 ms horizon lets it (101 ms). Charged the whole way (22 ms), it waited until
-    138.5 ms: a 13 % tenant with nothing on the GPU for more than 100 ms."""
+    the scheduler saw the lease that much longer than b held it. Handed on from other's
+    lease, b is charged its 10 ms hold and at most 1 ms of the way, and its next lease is on
+    its grid (93.5 ms after the grant: up to half its share early, the limits filling the
+    GPU), or, its hold 12 ms late, where the 100 ms horizon lets it (101 ms). Charged the
+    whole way (22 ms), it waited until 138.5 ms: a 13 % tenant with nothing on the GPU for
+    more than 100 ms. Lent from a free token (`free`: a dispatch after other's release lent
+    it to nobody), the way took no one's turn and b is charged its hold alone: charged 1 ms
+    of the way a lease, a 13/13 tenant beside a 50/50 one got 12.2 % of an H200 over 10 s."""
     policy, clock = make(("b", 13, 13), ("other", 85, 85))
     ran_a_moment_ago(policy, clock, "other")
+    if free:
+        assert policy.dispatch() is None
+        clock.advance(MS)
     used = policy.usage_ns("b")
     policy.request("b", b"1", 0)
     grant = policy.dispatch()
@@ -336,27 +345,6 @@ def test_a_grant_that_reaches_its_holder_late_is_charged_at_most_a_handoff_more_
     clock.advance(late_ms * MS + grant.quantum_ns)
     policy.release("b", b"1", grant.lease_id, grant.quantum_ns, True)
     assert policy.usage_ns("b") - used == charged_ms * MS
-    assert policy.dispatch() is None
-    assert policy.next_deadline() == grant.granted_at + next_ms * MS
-
-
-@pytest.mark.parametrize(("late_ms", "next_ms"), [(0, 93.5), (1, 93.5), (12, 101)])
-def test_a_grant_from_a_free_token_is_charged_the_hold_alone(late_ms: int, next_ms: float) -> None:
-    """As above, but the token sat free before b's grant (other's release was followed by
-    a dispatch that lent it to nobody): the GRANT's way took no one's turn, so b is charged
-    its 10 ms hold and none of the way, however late the grant reached it. Charged 1 ms of
-    the way a lease, a 13/13 tenant beside a 50/50 one got 12.2 % of an H200 over 10 s."""
-    policy, clock = make(("b", 13, 13), ("other", 85, 85))
-    ran_a_moment_ago(policy, clock, "other")
-    assert policy.dispatch() is None
-    clock.advance(MS)
-    used = policy.usage_ns("b")
-    policy.request("b", b"1", 0)
-    grant = policy.dispatch()
-    assert grant is not None and grant.tenant == "b" and grant.quantum_ns == 10 * MS
-    clock.advance(late_ms * MS + grant.quantum_ns)
-    policy.release("b", b"1", grant.lease_id, grant.quantum_ns, True)
-    assert policy.usage_ns("b") - used == 10 * MS
     assert policy.dispatch() is None
     assert policy.next_deadline() == grant.granted_at + next_ms * MS
 

@@ -483,10 +483,15 @@ class Policy:
         self._settled = False
         self._tenant(name)
         if self.lease is not None and self.lease.tenant == name:
-            self.lease = None
-            self._handing_on = True
+            self._end_lease()
         del self.tenants[name]
         self._update_budget()
+
+    def _end_lease(self) -> None:
+        """The lease ended (released, reclaimed, its holder or tenant gone): the next grant
+        hands the token on (`Lease.from_free`)."""
+        self.lease = None
+        self._handing_on = True
 
     def _update_budget(self) -> None:
         self._high = {t.name: t for t in self.tenants.values() if t.priority == HIGH}
@@ -596,8 +601,7 @@ class Policy:
                 # as at most twice the in-flight budget past its end.
                 if more and 4 * slack >= -lease.quantum_ns:
                     tenant.recent_slack_ns.add(min(slack, 2 * self.budget_ns(tenant_name)))
-            self.lease = None
-            self._handing_on = True
+            self._end_lease()
         else:
             late = tenant.expired.get(lease_id)
             if late is None or late.client != client:
@@ -660,8 +664,7 @@ class Policy:
         lease = self.lease
         if lease is not None and lease.tenant == tenant_name and lease.client == client:
             self._charge(tenant, lease.charged_from, max(lease.charged_from, self.clock()), lease.filler)
-            self.lease = None
-            self._handing_on = True
+            self._end_lease()
 
     def client_state(self, tenant_name: str, client: ClientId) -> tuple[int, int]:
         """(state, lease_id) for PONG: 0 idle, 1 waiting, 2 holding."""
@@ -1385,8 +1388,7 @@ class Policy:
         )
         while len(tenant.expired) > self.config.expired_memory:
             tenant.expired.popitem(last=False)
-        self.lease = None
-        self._handing_on = True
+        self._end_lease()
 
     # --- stats ---------------------------------------------------------------------
 

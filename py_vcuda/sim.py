@@ -86,6 +86,10 @@ typedef struct vcudasim_mig {
     uint32_t reserved;
     vcudasim_mig_instance instances[7];
 } vcudasim_mig;
+typedef struct vcudasim_stretch {
+    uint64_t start_ns;
+    uint64_t end_ns;
+} vcudasim_stretch;
 int vcudasim_api_version(void);
 vcudasim_state *vcudasim_open(const char *path, int create);
 void vcudasim_close(vcudasim_state *st);
@@ -93,6 +97,7 @@ const char *vcudasim_last_error(void);
 int vcudasim_get_config(vcudasim_state *st, vcudasim_config *out);
 int vcudasim_device_info(vcudasim_state *st, unsigned dev, vcudasim_device *out);
 int vcudasim_processes(vcudasim_state *st, unsigned dev, vcudasim_process *out, int cap);
+int vcudasim_served(vcudasim_state *st, unsigned dev, int32_t pid, vcudasim_stretch *out, int cap);
 uint64_t vcudasim_busy_in_window(vcudasim_state *st, unsigned dev, uint64_t window_ns);
 uint64_t vcudasim_now_ns(void);
 int64_t vcudasim_inject_xid(vcudasim_state *st, unsigned dev, uint64_t xid);
@@ -100,7 +105,8 @@ int vcudasim_set_lost(vcudasim_state *st, unsigned dev, int lost);
 int vcudasim_mig_info(vcudasim_state *st, unsigned dev, vcudasim_mig *out);
 """
 
-API_VERSION = 5
+API_VERSION = 6
+STRETCHES = 64  # VCUDASIM_STRETCHES: service stretches the simulator keeps per process
 MIG_MODELS = ("h100-80gb", "a100-40gb")  # VCUDA_SIM_MIG_MODEL, in vcudasim_config.mig_model order
 GiB = 1 << 30
 MiB = 1 << 20
@@ -372,6 +378,16 @@ class SimReader:
                     for p in buf[0:n]
                 ]
             cap = n
+
+    def served(self, pid: int, device: int = 0) -> list[tuple[int, int]]:
+        """When the process ``pid``'s work ran on the device: its last STRETCHES service
+        stretches, (start, end) in CLOCK_MONOTONIC ns, oldest first (the newest may still
+        grow). Their total is its ``busy_ns``; they say when (empty: no such process)."""
+        buf = _ffi.new("vcudasim_stretch[]", STRETCHES)
+        n = self._lib.vcudasim_served(self._state(), device, pid, buf, STRETCHES)
+        if n < 0:
+            raise SimError(f"no simulated device {device} in {self.path}")
+        return [(g.start_ns, g.end_ns) for g in buf[0:min(n, STRETCHES)]]
 
     def process(self, pid: int, device: int = 0) -> ProcessStats | None:
         """The live process ``pid`` (as it sees itself) on the device, if it holds anything."""

@@ -233,8 +233,8 @@
 extern "C" {
 #endif
 
-#define VCUDASIM_API_VERSION 5 /* 2: topology, XID injection, lost devices; 3: memory breakdown, host pids;
-                                  4: time slicing; 5: MIG */
+#define VCUDASIM_API_VERSION 6 /* 2: topology, XID injection, lost devices; 3: memory breakdown, host pids;
+                                  4: time slicing; 5: MIG; 6: service stretches */
 
 /* What device memory is made of: index into vcudasim_process.mem. */
 enum {
@@ -337,6 +337,19 @@ int vcudasim_device_info(vcudasim_state *st, unsigned dev, vcudasim_device *out)
 /* Live processes that hold memory or a context on dev, or ran kernels on it.
  * Fills up to cap entries; returns how many there are (-1: bad index). */
 int vcudasim_processes(vcudasim_state *st, unsigned dev, vcudasim_process *out, int cap);
+
+/* A stretch of time during which one process's work ran on a device. */
+typedef struct vcudasim_stretch {
+    uint64_t start_ns;       /* CLOCK_MONOTONIC, the timeline's clock */
+    uint64_t end_ns;
+} vcudasim_stretch;
+
+/* When pid's work ran on dev: its last VCUDASIM_STRETCHES service stretches,
+ * oldest first, the schedule advanced to now (the newest may still grow).
+ * busy_ns of vcudasim_process is their total; these say when. Fills up to cap
+ * entries; returns how many there are (0: no such process, -1: bad index). */
+#define VCUDASIM_STRETCHES 64
+int vcudasim_served(vcudasim_state *st, unsigned dev, int32_t pid, vcudasim_stretch *out, int cap);
 
 /* Busy nanoseconds of dev within (now - window_ns, now]: what NVML's
  * utilization uses, with window_ns = 1 s. */

@@ -113,16 +113,28 @@ VS_EXPORT int vcudasim_device_info(vcudasim_state *st, unsigned dev, vcudasim_de
     return 0;
 }
 
+/* The shared state for a query of up to cap entries at out about dev: locked, dead
+ * processes reclaimed first (reap), dev's schedule advanced to now. NULL: bad arguments. */
+static struct sim_shared *lock_advanced(vcudasim_state *st, unsigned dev, int cap, const void *out,
+                                        bool reap)
+{
+    if (!st || !sim_phys_valid(st->sh, dev) || cap < 0 || (cap > 0 && !out))
+        return NULL;
+    struct sim_shared *sh = st->sh;
+    sim_lock(sh);
+    if (reap)
+        sim_reap_dead(sh);
+    sim_sched_advance(sh, dev, sim_now_ns());
+    return sh;
+}
+
 VS_EXPORT int vcudasim_processes(vcudasim_state *st, unsigned dev, vcudasim_process *out,
                                  int cap)
 {
-    if (!st || !sim_phys_valid(st->sh, dev) || cap < 0 || (cap > 0 && !out))
+    struct sim_shared *sh = lock_advanced(st, dev, cap, out, true);
+    if (!sh)
         return -1;
-    struct sim_shared *sh = st->sh;
     int n = 0;
-    sim_lock(sh);
-    sim_reap_dead(sh);
-    sim_sched_advance(sh, dev, sim_now_ns());
     for (uint32_t i = 0; i < sh->nproc_hw; i++) {
         const struct sim_proc *p = &sh->proc[i];
         if (!proc_on(p, dev))
@@ -135,6 +147,33 @@ VS_EXPORT int vcudasim_processes(vcudasim_state *st, unsigned dev, vcudasim_proc
             memcpy(out[n].mem, p->mem[dev], sizeof out[n].mem);
         }
         n++;
+    }
+    sim_unlock(sh);
+    return n;
+}
+
+_Static_assert(SIM_SEGS == VCUDASIM_STRETCHES, "vcudasim_served returns the whole ring");
+
+VS_EXPORT int vcudasim_served(vcudasim_state *st, unsigned dev, int32_t pid, vcudasim_stretch *out,
+                              int cap)
+{
+    struct sim_shared *sh = lock_advanced(st, dev, cap, out, false);
+    if (!sh)
+        return -1;
+    int n = 0;
+    for (uint32_t i = 0; i < sh->nproc_hw; i++) {
+        const struct sim_proc *p = &sh->proc[i];
+        if (p->pid != pid || !proc_on(p, dev))
+            continue;
+        for (uint32_t k = p->seg_count; k-- > 0;) { /* oldest first */
+            const struct sim_seg *g = &p->segs[(p->seg_head + SIM_SEGS - k) % SIM_SEGS];
+            if (g->dev != dev)
+                continue;
+            if (n < cap)
+                out[n] = (vcudasim_stretch){.start_ns = g->t_ns, .end_ns = g->t_ns + g->len};
+            n++;
+        }
+        break;
     }
     sim_unlock(sh);
     return n;

@@ -52,6 +52,35 @@ def test_two_processes_serialised_on_one_timeline(children, sim: SimConfig) -> N
         assert r.processes(0) == []
 
 
+def test_service_stretches_say_when_each_process_ran(children, sim: SimConfig) -> None:
+    """vcudasim_served: stretches of one process never overlap another's, lie within the
+    run, add up to its busy time, and the two processes alternate in time slices."""
+    script = ("init", "primary", "0", "ready", "launch", "10", "10000", "sync", "ready")
+    a, b = children.spawn(*script), children.spawn(*script)
+    children.ready(a)
+    children.ready(b)
+    t0 = time.monotonic_ns()
+    for p in (a, b):
+        assert p.stdin
+        p.stdin.write("\n")
+        p.stdin.flush()
+    children.ready(a)
+    children.ready(b)
+    t1 = time.monotonic_ns()
+    with SimReader(sim.state_path) as r:
+        served = {p.pid: r.served(p.pid) for p in (a, b)}
+        assert r.served(1) == []  # no such process
+    for stretches in served.values():
+        assert sum(end - start for start, end in stretches) == 100_000_000
+        assert all(t0 <= start < end <= t1 for start, end in stretches)
+    both = sorted((start, end, pid) for pid, stretches in served.items() for start, end in stretches)
+    assert all(e <= s for (_, e, _), (s, _, _) in zip(both, both[1:], strict=False))
+    owners = [pid for _, _, pid in both]
+    assert sum(1 for x, y in zip(owners, owners[1:], strict=False) if x != y) >= 5  # time slices
+    children.release(a)
+    children.release(b)
+
+
 def test_full_stream_blocks_the_launcher(tool, sim: SimConfig) -> None:
     sim.max_pending = 4
     out = tool("init", "primary", "0", "stream", "launch", "10", "30000", "sync")

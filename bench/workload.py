@@ -4,7 +4,9 @@ was served on the simulator, sampled over a run.
 The simulator charges a process's busy time as its work is served (gpusim's
 vcudasim.h), so the difference of two samples is the GPU time it got between
 them, whatever its launch queue holds: the way to compare tenants over a
-common window when some queue seconds of work between synchronizes.
+common window when some queue seconds of work between synchronizes. Between two
+samples the time is interpolated; with `served=True` the sampler also keeps when each
+process ran (the simulator's service stretches, `ServedLog`), exact at every instant.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from py_vcuda.sim import SimReader
+from py_vcuda.sim import STRETCHES, SimReader
+from token_scheduler.shares import cumulative
 from token_scheduler.testing import AdminClient, spawn_daemon
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_SPAN_NS = 1_000_000  # BusySampler: the most a sample's read may take
+HELD_UP_NS = 20_000_000  # BusySampler: woken this much past its interval, the host held it up
 
 
 def build(out_dir: Path) -> Path:
@@ -58,6 +62,30 @@ def kill_all(procs: Iterable[subprocess.Popen[bytes]]) -> None:
         p.wait()
 
 
+class ServedLog:
+    """When one process's work ran, from reads of the simulator's last STRETCHES service
+    stretches (`SimReader.served`): their union. A stretch read again may have grown (its
+    process ran on); `lost` says that the ring turned over between two reads, and a
+    stretch in between was never seen."""
+
+    def __init__(self) -> None:
+        self.ends: dict[int, int] = {}  # start -> end, the longest read
+        self.newest = -1  # start of the newest stretch read
+        self.lost = False
+
+    def add(self, stretches: list[tuple[int, int]]) -> None:
+        if stretches and len(stretches) >= STRETCHES and 0 <= self.newest < stretches[0][0]:
+            self.lost = True
+        for start, end in stretches:
+            if end > self.ends.get(start, start):
+                self.ends[start] = end
+            self.newest = max(self.newest, start)
+
+    def points(self) -> list[tuple[int, int]]:
+        """(time, GPU time so far) at the ends of every stretch: exact, linear in between."""
+        return cumulative(sorted(self.ends.items()))
+
+
 class BusySampler:
     """Samples (CLOCK_MONOTONIC ns, {pid: busy ns}) of device 0 every `interval_s` in a thread.
 
@@ -65,13 +93,20 @@ class BusySampler:
     the moment it is read) and kept only when the two are at most SAMPLE_SPAN_NS apart: a
     sampler thread held up between the read and its timestamp (the GIL, a busy CPU) made a
     100 ms interval look up to that much fuller or emptier than it was. `dropped` counts the
-    others."""
+    others. With `served`, each read also adds every process's service stretches to
+    `served[pid]`, whatever the read took (each stretch carries its own times).
 
-    def __init__(self, state_path: Path, interval_s: float = 0.05) -> None:
+    `held_up`: (from, to) of each wait between two reads that lasted HELD_UP_NS past the
+    interval: the host ran none of this process's threads then, and likely held up the
+    tenants' processes too (a shared VM's CPU taken away, not a choice of the scheduler)."""
+
+    def __init__(self, state_path: Path, interval_s: float = 0.05, served: bool = False) -> None:
         self.state_path = state_path
         self.interval_s = interval_s
         self.samples: list[tuple[int, dict[int, int]]] = []
         self.dropped = 0
+        self.served: dict[int, ServedLog] | None = {} if served else None
+        self.held_up: list[tuple[int, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="busy-sampler", daemon=True)
 
@@ -85,7 +120,12 @@ class BusySampler:
 
     def _run(self) -> None:
         reader = None
+        last: int | None = None
         while not self._stop.is_set():
+            woke = time.monotonic_ns()
+            if last is not None and woke - last > self.interval_s * 1e9 + HELD_UP_NS:
+                self.held_up.append((last, woke))
+            last = woke
             try:
                 reader = reader or SimReader(self.state_path)
                 before = time.monotonic_ns()
@@ -95,6 +135,9 @@ class BusySampler:
                     self.samples.append(((before + after) // 2, busy))
                 else:
                     self.dropped += 1
+                if self.served is not None:
+                    for pid in busy:
+                        self.served.setdefault(pid, ServedLog()).add(reader.served(pid))
             except Exception:  # the state file appears with the first process
                 reader = None
             self._stop.wait(self.interval_s)

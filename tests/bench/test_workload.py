@@ -51,3 +51,37 @@ def test_a_read_held_up_is_dropped_and_the_others_are_timed_to_their_read(monkey
     assert len(sampler.samples) + sampler.dropped == reads
     for at, busy in sampler.samples:  # the fake's busy count is the moment of its read
         assert abs(at - busy[7]) <= workload.SAMPLE_SPAN_NS
+
+
+def test_served_log_keeps_every_stretch_once_at_its_longest_and_sees_a_ring_that_turned_over() -> None:
+    log = workload.ServedLog()
+    log.add([(0, 5), (10, 12)])
+    log.add([(0, 5), (10, 15), (20, 21)])  # the newest stretch grew, one more began
+    assert log.points() == [(0, 0), (5, 5), (10, 5), (15, 10), (20, 10), (21, 11)]
+    assert not log.lost
+    ring = [(100 + 10 * i, 105 + 10 * i) for i in range(workload.STRETCHES)]
+    log.add(ring)  # full, and its oldest is newer than the newest read: some were never read
+    assert log.lost
+    full = workload.ServedLog()
+    full.add(ring)
+    full.add(ring[1:] + [(2000, 2001)])  # turned over by one, the one dropped was read
+    assert not full.lost
+
+
+class OneReadHeldUp(SlowEveryThirdRead):
+    """The fifth read is held up 60 ms: the host took the sampler's CPU away."""
+
+    def processes(self, _device: int) -> list[Proc]:
+        SlowEveryThirdRead.reads.append(time.monotonic_ns())
+        if len(SlowEveryThirdRead.reads) == 5:
+            time.sleep(0.06)
+        return [Proc(7, 0)]
+
+
+def test_a_sampler_held_up_past_its_turn_says_when(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workload, "SimReader", OneReadHeldUp)
+    SlowEveryThirdRead.reads = []
+    with workload.BusySampler(Path("unused"), 0.002) as sampler:
+        time.sleep(0.2)
+    reads = SlowEveryThirdRead.reads
+    assert any(first <= reads[4] < last and last - first >= 60_000_000 for first, last in sampler.held_up)

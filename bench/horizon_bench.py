@@ -14,8 +14,13 @@ token_scheduler daemon (window 10 s, the default) decides. Scenarios:
   pair            30/30 and 60/60, both busy (the monitoring tests' loaded GPU)
 
 Per tenant, from 1 s after it starts to 1 s before the end (GPU time the
-simulator served it, sampled every 10 ms; a sample whose read took over 1 ms is
-dropped, its time too uncertain, and counted): the lowest and highest share over
+simulator served it, exactly when it was served: the simulator's service
+stretches of the process, read every 10 ms; samples of its busy time,
+interpolated in between, only for a tenant whose stretches were not all read,
+and counted; a sample whose read took over 1 ms is dropped, its time too
+uncertain, and counted too. Interpolated, a 13 % tenant's leases of 13 ms
+every 100 ms, exactly, read as 11.6-12.0 % in its worst 100 ms and 13.8-14.4 in
+its best): the lowest and highest share over
 any 1 s and any 100 ms interval, its share over the last 10 s, and its shares
 of each of its first 6 seconds; per run the scheduler's grants (renewals
 included) per second, its CPU time per second, and the share of the run the token
@@ -27,7 +32,11 @@ a lease, the process's own gaps): the GPU share is the token share less that.
 
 Goals: highest share over 1 s <= limit + 1 pp, over 100 ms <= limit + 10 pp;
 a tenant whose share is its request keeps >= request - 2 pp over any 1 s and
->= request / 2 over any 100 ms; 10 s shares within 1 pp of the old policy's;
+>= request / 2 over any 100 ms (checked on the intervals clear of the host's
+hold-ups: the bench's own sampler thread woken 20 ms or more past its turn, a
+shared machine's CPU taken from every process at once; each run's hold-ups are
+printed, and a miss only where they were is listed apart, "the host's");
+10 s shares within 1 pp of the old policy's;
 per-second shares of a capped tenant within 2 pp of its limit after its first
 second; grants/s and CPU at most 2x the old policy's.
 
@@ -108,6 +117,9 @@ class Figures:
     # request and limit; the GPU time above is that less what its handoffs cost.
     token_10_s: float | None = None
     leases_10_s: int = 0
+    # The lowest share over any 1 s and any 100 ms that overlap no host hold-up (the bench's
+    # own sampler not run for 20 ms or more past its turn): what the request goal is checked on.
+    clear_lows: tuple[float, float] | None = None
 
 
 @dataclass
@@ -118,6 +130,8 @@ class Run:
     held_back_percent: float = 0.0  # the token free while every waiting tenant was held back
     samples_dropped: int = 0  # GPU time samples whose read took too long to time (BusySampler)
     stalls_ms: list[float] = field(default_factory=list)  # the daemon's turns held up by the host (its stats)
+    held_up_ms: list[float] = field(default_factory=list)  # the bench's sampler held up by the host (BusySampler)
+    interpolated: int = 0  # tenants whose GPU time is from samples: their service stretches were lost
 
 
 Marks = list[tuple[int, dict[str, Any]]]  # (when, the scheduler's per-tenant stats then)
@@ -151,13 +165,38 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def figures(points: list[tuple[int, int]], start: int, end: int) -> Figures:
-    """A tenant's figures from its (time, GPU time so far) points; it started at `start`."""
+def clear_spans(start: int, end: int, held_up: list[tuple[int, int]], horizon: int) -> list[tuple[int, int]]:
+    """The parts of [start, end] between host hold-ups that hold an interval of `horizon`."""
+    spans, at = [], start
+    for low, high in sorted(held_up):
+        if high <= at or low >= end:
+            continue
+        if low - at >= horizon:
+            spans.append((at, low))
+        at = high
+    if end - at >= horizon:
+        spans.append((at, end))
+    return spans
+
+
+def figures(points: list[tuple[int, int]], start: int, end: int,
+            held_up: list[tuple[int, int]] | None = None) -> Figures:
+    """A tenant's figures from its (time, GPU time so far) points; it started at `start`.
+    With `held_up`, the host's hold-ups of the bench: the lowest shares clear of them too."""
     one = extreme_shares(points, SECOND, start + SECOND, end)
     tenth = extreme_shares(points, SECOND // 10, start + SECOND, end)
     per = [share_between(points, start + i * SECOND, start + (i + 1) * SECOND) for i in range(6)]
-    return Figures((100 * one[0], 100 * one[1]), (100 * tenth[0], 100 * tenth[1]),
+    figs = Figures((100 * one[0], 100 * one[1]), (100 * tenth[0], 100 * tenth[1]),
                    100 * share_between(points, end - 10 * SECOND, end), [100 * p for p in per])
+    if held_up:
+        lows = []
+        for horizon in (SECOND, SECOND // 10):
+            spans = clear_spans(start + SECOND, end, held_up, horizon)
+            # No interval clear of them at all: the lowest of all counts.
+            lows.append(100 * min(extreme_shares(points, horizon, a, b)[0] for a, b in spans) if spans
+                        else (figs.one_s if horizon == SECOND else figs.tenth_s)[0])
+        figs.clear_lows = (lows[0], lows[1])
+    return figs
 
 
 def run_fake_clock(loads: list[Load], seconds: float, policy: str) -> Run:
@@ -196,7 +235,7 @@ def run_scenario(exe: Path, tmp: Path, tag: str, loads: list[Load], seconds: flo
     procs: dict[str, subprocess.Popen[bytes]] = {}
     with scheduler(*scheduler_flags(policy, record, tag, budget)) as (daemon, admin):
         try:
-            with BusySampler(Path(sim["VCUDA_SIM_STATE"]), SAMPLE_S) as sampler:
+            with BusySampler(Path(sim["VCUDA_SIM_STATE"]), SAMPLE_S, served=True) as sampler:
                 t0 = time.monotonic_ns()
                 cpu0 = cpu_seconds(daemon.pid)
                 for load in sorted(loads, key=lambda x: x.register_s):
@@ -217,14 +256,21 @@ def run_scenario(exe: Path, tmp: Path, tag: str, loads: list[Load], seconds: flo
         finally:
             kill_all(procs.values())
     tenants = {}
+    interpolated = 0
     for load in loads:
         pid = procs[load.name].pid
-        points = [(t, busy.get(pid, 0)) for t, busy in sampler.samples]
-        tenants[load.name] = figures(points, t0 + int(load.start_s * SECOND), end - SECOND)
+        served = (sampler.served or {}).get(pid)
+        if served is not None and not served.lost:
+            points = served.points()
+        else:
+            points = [(t, busy.get(pid, 0)) for t, busy in sampler.samples]
+            interpolated += 1
+        tenants[load.name] = figures(points, t0 + int(load.start_s * SECOND), end - SECOND, sampler.held_up)
     add_token(tenants, marks)
     grants = sum(s["grants"] + s["renewals"] for s in stats.values())
     return Run(tenants, grants / seconds, 100 * cpu / seconds, float(reply["held_back_ms"]) / seconds / 10,
-               sampler.dropped, stalls_between(reply, t0, end))
+               sampler.dropped, stalls_between(reply, t0, end), interpolated=interpolated,
+               held_up_ms=[(b - a) / 1e6 for a, b in sampler.held_up if t0 <= b and a <= end])
 
 
 def stalls_between(stats: dict[str, Any], t0: int, end: int) -> list[float]:
@@ -313,8 +359,9 @@ def span(pair: tuple[float, float]) -> str:
     return f"{pair[0]:5.1f}-{pair[1]:5.1f}"
 
 
-def report(name: str, loads: list[Load], runs: dict[str, list[Run]]) -> list[str]:
-    """The scenario's table, and the goals it missed under the new policy."""
+def report(name: str, loads: list[Load], runs: dict[str, list[Run]], held_up: list[str]) -> list[str]:
+    """The scenario's table, and the goals it missed under the new policy (a request missed
+    only in intervals where the host held the bench up goes to `held_up`)."""
     print(f"\n{name}: per tenant, old (--short-horizon off) | new (on); each figure: run 1 / run 2 ...")
     count = max(len(r) for r in runs.values())
     wide, narrow = max(30, 15 * count + 2), max(16, 7 * count + 2)  # "low-high / " a run, "last / "
@@ -336,7 +383,12 @@ def report(name: str, loads: list[Load], runs: dict[str, list[Run]]) -> list[str
             if abs(f.last_10_s - o.last_10_s) > 1:
                 missed.append(f"{name} {load.name}: 10 s share {f.last_10_s:.1f} vs {o.last_10_s:.1f} before")
             if load.request == load.limit and (f.one_s[0] < load.request - 2 or f.tenth_s[0] < load.request / 2):
-                missed.append(f"{name} {load.name}: below its request at a short horizon")
+                one, tenth = f.clear_lows or (f.one_s[0], f.tenth_s[0])
+                if one >= load.request - 2 and tenth >= load.request / 2:
+                    held_up.append(f"{name} {load.name}: below its request only where the host held the bench "
+                                   f"up (elsewhere {one:.1f} % over 1 s, {tenth:.1f} over 100 ms)")
+                else:
+                    missed.append(f"{name} {load.name}: below its request at a short horizon")
             if load.request == load.limit and any(abs(p - load.limit) > 2 for p in f.per_second[1:]):
                 missed.append(f"{name} {load.name}: per-second share off its limit")
     for policy in POLICIES:
@@ -363,8 +415,12 @@ def report(name: str, loads: list[Load], runs: dict[str, list[Run]]) -> list[str
               + (f", CPU {' / '.join(cpu)} %" if cpu else "")
               + f", token free, all waiting held back {held_back} %"
               + f", samples dropped {' / '.join(str(r.samples_dropped) for r in runs[policy])}"
+              + f", tenants interpolated {' / '.join(str(r.interpolated) for r in runs[policy])}"
               + ", scheduler stalls of 5 ms or more " + " / ".join(
                   f"{len(r.stalls_ms)}" + (f" (longest {max(r.stalls_ms):.0f} ms)" if r.stalls_ms else "")
+                  for r in runs[policy])
+              + ", host hold-ups of the bench " + " / ".join(
+                  f"{len(r.held_up_ms)}" + (f" (longest {max(r.held_up_ms):.0f} ms)" if r.held_up_ms else "")
                   for r in runs[policy]))
     for old, new in zip(runs["off"], runs["on"], strict=True):
         if new.grants_per_s > 2 * old.grants_per_s:
@@ -410,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := [n for n in names if n not in SCENARIOS]:
         parser.error(f"unknown scenario {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
     missed: list[str] = []
+    held_up: list[str] = []
     with tempfile.TemporaryDirectory(prefix="vcuda-bench-") as d:
         tmp = Path(d)
         exe = None if args.fake_clock or args.gpu else build(tmp)
@@ -431,10 +488,12 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     runs[policy] = [run_scenario(exe, tmp, f"{name}-{policy}-{i}", loads, seconds, policy,
                                                  args.record, args.budget) for i in range(args.runs)]
-            missed += report(name, loads, runs)
+            missed += report(name, loads, runs, held_up)
             if args.shim_log:
                 report_holds(args.shim_log, name, loads)
     print("\ngoals (new policy): " + ("all met" if not missed else "MISSED:\n  " + "\n  ".join(missed)))
+    if held_up:
+        print("not counted, the host's:\n  " + "\n  ".join(held_up))
     return 0
 
 

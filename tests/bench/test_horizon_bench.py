@@ -1,7 +1,8 @@
-"""bench/horizon_bench.py --gpu without a GPU: its plumbing (scheduler, tenants under the
-shim, start/end handshake, kernel intervals, figures, kept logs) against a stand-in CuPy
-whose kernels take wall time, so the bench does not rot between the sessions that have a
-GPU. The figures themselves are the hardware's (gpu_tests/RESULTS.md)."""
+"""bench/horizon_bench.py: how it reads a share (the intervals it checks the request goal
+on, clear of the host's hold-ups), and --gpu without a GPU: its plumbing (scheduler,
+tenants under the shim, start/end handshake, kernel intervals, figures, kept logs) against
+a stand-in CuPy whose kernels take wall time, so the bench does not rot between the
+sessions that have a GPU. The figures themselves are the hardware's (gpu_tests/RESULTS.md)."""
 
 from __future__ import annotations
 
@@ -109,3 +110,35 @@ def test_budget_goes_to_the_daemon_of_both_policies_and_is_checked(tmp_path, cap
         with pytest.raises(SystemExit):
             bench.main(argv)
         assert said in capsys.readouterr().err
+
+
+def test_the_request_goal_is_checked_on_the_intervals_clear_of_the_hosts_hold_ups() -> None:
+    bench = load_bench()
+    second, ms = bench.SECOND, 1_000_000
+    assert bench.clear_spans(0, 10 * second, [], second) == [(0, 10 * second)]
+    held_up = [(4 * second, 4 * second + 80 * ms), (9 * second + 500 * ms, 9 * second + 600 * ms)]
+    assert bench.clear_spans(0, 10 * second, held_up, second) == [(0, 4 * second),
+                                                                 (4 * second + 80 * ms, 9 * second + 500 * ms)]
+    assert bench.clear_spans(0, 10 * second, held_up, 100 * ms) == [
+        (0, 4 * second), (4 * second + 80 * ms, 9 * second + 500 * ms), (9 * second + 600 * ms, 10 * second)]
+    # A tenant at 30 %: 30 ms of every 100 ms, but nothing through the hold-up at 4 s.
+    holds = [(t * ms, t * ms + 30 * ms) for t in range(0, 12_000, 100) if not 3_950 <= t < 4_100]
+    points = bench.cumulative(holds)
+    figs = bench.figures(points, 0, 12 * second, held_up)
+    assert figs.one_s[0] == pytest.approx(27.0) and figs.tenth_s[0] == pytest.approx(0.0, abs=0.1)
+    assert figs.clear_lows == pytest.approx((30.0, 30.0))
+    assert bench.figures(points, 0, 12 * second).clear_lows is None  # no hold-up: the lows are the goal's
+    # A dip away from the hold-ups stays the goal's.
+    dip = [h for h in holds if not 7_000 * ms <= h[0] < 7_200 * ms]
+    assert bench.figures(bench.cumulative(dip), 0, 12 * second, held_up).clear_lows == pytest.approx((24.0, 0.0))
+
+
+def test_the_simulator_mode_reads_every_tenants_gpu_time_from_its_service_stretches(monkeypatch, capsys) -> None:
+    bench = load_bench()
+    monkeypatch.setitem(bench.SCENARIOS, "steady", (bench.SCENARIOS["steady"][0], 4))
+    assert bench.main(["--only", "steady", "--runs", "1"]) == 0
+    out = capsys.readouterr().out
+    for policy in ("off", "on"):
+        assert f"A 50/50   {policy}" in out and f"B 13/13   {policy}" in out
+    assert out.count("tenants interpolated 0,") == 2  # every stretch read: exact GPU time
+    assert "host hold-ups of the bench" in out and "goals (new policy):" in out

@@ -159,9 +159,11 @@ class Frame:
     horizon not cut them (set for an elastic tenant only): the carry counts the larger
     of that and `used`, so what a limit over a longer horizon kept back is not owed.
     `revoked`: a lease of this frame was revoked (for a `high` tenant): the rest of its
-    share is the tenant's at once, however little (`Policy._capped_fit`)."""
+    share is the tenant's at once, however little (`Policy._capped_fit`). `cut`: a lease
+    of this frame was cut by a longer horizon (the tenant is at its limit there): past
+    the frame's half, the rest of its share waits for the next frame, through the carry."""
 
-    __slots__ = ("length", "share", "carry_cap", "at", "used", "carry", "asked", "revoked")
+    __slots__ = ("length", "share", "carry_cap", "at", "used", "carry", "asked", "revoked", "cut")
 
     def __init__(self, length: int, share: int, carry_cap: int) -> None:
         self.length = length
@@ -172,6 +174,7 @@ class Frame:
         self.carry = 0
         self.asked = 0
         self.revoked = False
+        self.cut = False
 
     def next_carry(self) -> int:
         """The carry into the next frame if it begins on the grid: this frame's hold counted
@@ -225,7 +228,7 @@ class Frame:
         (the first one, or back from idle)."""
         if not self.next_begins(now, early):
             return False
-        self.revoked = False
+        self.revoked = self.cut = False
         if self.at is None:
             self.at, self.used, self.carry, self.asked = now, 0, 0, 0
             return True

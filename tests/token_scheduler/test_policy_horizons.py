@@ -512,6 +512,38 @@ def test_a_lease_that_ended_early_leaves_the_rest_of_its_frame() -> None:
     assert 92 <= after - paused <= 100
 
 
+def test_a_pair_at_its_limits_keeps_half_its_requests_in_every_100ms_after_its_first_second() -> None:
+    """A 30/30 and a 60/60 tenant whose holds run 2 ms past their leases (the simulator's pair,
+    whose 30 % tenant had 12-14 ms in some 100 ms just after its first second in 3 runs of 20).
+    In its first second the 30/30 one's first frame came in two leases (its burst still
+    learned), so at 1.02 s its limit over 1 s cuts its lease to 15.5 ms, and the rest waits
+    for that limit until past the frame's half. As a second lease there (12.5 ms at 1.08 s) it
+    left the next frame's lease over L + allowance in some 100 ms, which waited: 12.5 ms in some
+    100 ms. Now the rest comes with the next frame's lease (34 ms); the 60/60 one's lease before
+    it ends by the latest start that keeps the 30/30 one half its request (26.5 ms, not 28):
+    15 ms in every 100 ms."""
+    tenants = [SimTenant("a", 30, 30, overrun_ns=2 * MS), SimTenant("b", 60, 60, overrun_ns=2 * MS)]
+    result = Simulation(CFG, tenants, keep_grants=True).run(3 * SECOND)
+    holds = [(start / MS, (end - start) / MS) for start, end in result.hold["a"] if SECOND <= start < 1200 * MS]
+    assert holds == [(1022.25, 17.5), (1124.75, 34.0)]
+    before = [g.quantum_ns / MS for g in result.grants if g.tenant == "b" and 1090 * MS < g.granted_at < 1124 * MS]
+    assert before == [26.5]
+    end = 3 * SECOND - 200 * MS
+    assert 100 * result.extreme_shares("a", 100 * MS, SECOND, end)[0] == 15.0
+    assert 100 * result.extreme_shares("a", SECOND, SECOND, end)[0] == pytest.approx(28.75)
+
+
+def test_capped_tenants_do_not_shorten_each_others_leases_in_turn() -> None:
+    """A capped tenant's lease ends by when another capped one must start (above) only if it
+    keeps three quarters of its length: down to a quarter, a 43/43 and a 47/47 tenant beside an
+    8/81 one shortened each other's leases in turn, their rests came later and were cut again,
+    and they got 39.3 % each over 10 s (the elastic one 21.2)."""
+    tenants = mix_tenants([(8, 81), (43, 43), (47, 47)], [True] * 3, CFG.window_ns)
+    result = Simulation(CFG, tenants).run(2 * CFG.window_ns)
+    shares = [round(100 * result.share(t.name, CFG.window_ns, 2 * CFG.window_ns), 1) for t in tenants]
+    assert shares == [pytest.approx(9.9, abs=0.1), 43.0, 47.0]
+
+
 def test_stats_count_the_token_free_while_tenants_wait_held_back() -> None:
     """`held_back_ms`: how long the token sat free while tenants waited, every one held
     back by its horizons (what the simulator's shortfall was measured with); time the
@@ -792,7 +824,7 @@ def test_a_tenant_whose_request_is_its_limit_starts_in_time_for_half_of_it_in_ev
 @pytest.mark.parametrize(("quotas", "busy", "lows"), [
     # An uncapped 23/100 tenant's 50 ms lease, lent 20 ms before the 40/40 one's grid point,
     # ran 30 ms past it: 10 ms in some 100 ms.
-    ([(23, 100), (40, 40), (17, 100), (18, 80)], [True] * 4, [0.0, 32.59, 0.0, 0.0]),
+    ([(23, 100), (40, 40), (17, 100), (18, 80)], [True] * 4, [0.0, 32.0, 0.0, 0.0]),
     # Bounded by the grid point itself, the 10/23 tenant's leases were cut into pieces that spent
     # its 100 ms allowance: 17.8 % of its 23, the GPU 5.2 pp below what the limits allow.
     ([(10, 23), (1, 1), (19, 100), (67, 67)], [True, False, False, True], [23.0, 67.0]),

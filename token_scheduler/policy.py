@@ -962,16 +962,11 @@ class Policy:
             # more than it had lately, 5.7 % of the simulator's GPU in some 100 ms (6.3 on the
             # fake clock, `test_a_capped_lease_leaves_a_spare_above_half_of_a_neighbours_request`,
             # now 7.3). A larger spare shortened the 50/50 one's leases into missing its own
-            # request over 1 s more often than it saved the 13/13 one's 100 ms. A lease of the
-            # rest of its frame (its first ended early, its process paused) ends by that start
-            # however short it gets: kept to three quarters, a 50/50 one's 21 ms rest granted
-            # 3 ms before a 13/13 one's frame left that one nothing for 100 ms (the simulator).
+            # request over 1 s more often than it saved the 13/13 one's 100 ms.
             bys = [max(at, by) for at, other, short in at_request
                    if other is not tenant and (by := self._half_request_by(other, short, now, True)) > now]
             fit = min(bys, default=now) - now - self._worst_overrun(tenant)
-            frame = tenant.short.frame
-            rest = frame.used > 0 and not frame.next_begins(now, self._early(tenant.short))
-            if max(cfg.quantum_min_ns, cfg.quantum_min_ns if rest else 3 * lease // 4) <= fit < lease:
+            if max(cfg.quantum_min_ns, 3 * lease // 4) <= fit < lease:
                 lease = fit
         return tenant, lease, None, cut
 

@@ -10,6 +10,7 @@ again if it has more). Handoffs cost `handoff_ns` of idle GPU time (0 = ideal).
 from __future__ import annotations
 
 import heapq
+import itertools
 import random
 from dataclasses import dataclass, field
 
@@ -190,6 +191,22 @@ class Simulation:
                     if self.handoff_ns:
                         self.clock.advance(self.handoff_ns)
 
+
+
+class ScriptedOverruns(Simulation):
+    """Each tenant's holds end past (or, negative, short of) its leases by its own script of
+    overruns (`scripts[name]`, ns, in turn): a process whose work drains past its lease's end
+    or that pauses before it. A hold lasts at least 1 ms."""
+
+    def __init__(self, config: PolicyConfig, tenants: list[SimTenant], scripts: dict[str, list[int]],
+                 handoff_ns: int = 0, keep_grants: bool = False) -> None:
+        self._turns = {name: itertools.cycle(script) for name, script in scripts.items()}
+        super().__init__(config, tenants, handoff_ns, keep_grants)
+
+    def _start(self, grant: Grant) -> None:
+        quantum = grant.quantum_ns
+        self._procs[grant.client].tenant.overrun_ns = max(MS, quantum + next(self._turns[grant.tenant])) - quantum
+        super()._start(grant)
 
 def random_mix(rng: random.Random) -> tuple[list[tuple[int, int]], list[bool]]:
     """2..5 tenants, requests adding up to 100 or a little less, each limit its request,

@@ -20,6 +20,7 @@ import pytest
 from token_scheduler.policy import HIGH, MS, SECOND, Grant, Policy, PolicyConfig
 from token_scheduler.simulate import (
     FakeClock,
+    ScriptedOverruns,
     SimResult,
     SimTenant,
     Simulation,
@@ -533,50 +534,20 @@ def test_a_pair_at_its_limits_keeps_half_its_requests_in_every_100ms_after_its_f
     assert 100 * result.extreme_shares("a", SECOND, SECOND, end)[0] == pytest.approx(28.75)
 
 
-class ScriptedOverruns(Simulation):
-    """Each tenant's holds end past (or before) its leases by its own script of overruns, in turn."""
-
-    scripts: dict[str, list[int]] = {}
-
-    def _start(self, grant: Grant) -> None:
-        if not hasattr(self, "turns"):
-            self.turns = {name: itertools.cycle(script) for name, script in self.scripts.items()}
-        quantum = grant.quantum_ns
-        self._procs[grant.client].tenant.overrun_ns = max(MS, quantum + next(self.turns[grant.tenant])) - quantum
-        super()._start(grant)
-
-
 def test_a_capped_lease_leaves_a_spare_above_half_of_a_neighbours_request() -> None:
     """A 50/50 tenant's holds run 0-2 ms past its leases, a 13/13 one's 3 ms past and 3 ms
     short in turn. Bounded to leave the 13/13 one exactly half its request, a 50/50 lease that
     ran past its bound by more than its worst recent overrun left it 6.3 ms in some 100 ms;
     with a millisecond of spare, 7.3, and the 50/50 one keeps its request over every second."""
     tenants = [SimTenant("A", 50, 50), SimTenant("B", 13, 13)]
-    sim = ScriptedOverruns(CFG, tenants, handoff_ns=200_000)
-    sim.scripts = {"A": [MS, 1_500_000, 0, 2 * MS], "B": [3 * MS, -3 * MS]}
-    result = sim.run(5 * SECOND)
+    scripts = {"A": [MS, 1_500_000, 0, 2 * MS], "B": [3 * MS, -3 * MS]}
+    result = ScriptedOverruns(CFG, tenants, scripts, handoff_ns=200_000).run(5 * SECOND)
     start, end = SECOND, 5 * SECOND - 200 * MS
     assert round(100 * result.extreme_shares("B", 100 * MS, start, end)[0], 2) == 7.3
     assert round(100 * result.extreme_shares("A", SECOND, start, end)[0], 2) == 48.42
     for spec in tenants:
         assert 100 * result.extreme_shares(spec.name, SECOND, start, end)[1] <= spec.limit + 1, spec.name
 
-
-def test_the_rest_of_a_paused_lease_ends_by_a_neighbours_latest_start() -> None:
-    """The 50/50 tenant's process pauses 20 ms before the end of every fifth lease; the rest of
-    its frame comes as a second lease, which may start just before the 13/13 one's frame. Kept
-    to three quarters of its length, it ran past the latest start that leaves the 13/13 one
-    half its request: 4.38 ms in some 100 ms (the simulator: nothing for 100 ms behind a 21 ms
-    rest granted 3 ms before the 13/13 one's frame). A rest lease ends by that start however
-    short it gets (its frame's rest after it comes later): 7.3 ms. The 50/50 one, 4 % of its
-    time paused, holds 47.76 % in its worst second (48.4 before)."""
-    tenants = [SimTenant("A", 50, 50), SimTenant("B", 13, 13)]
-    sim = ScriptedOverruns(CFG, tenants, handoff_ns=200_000)
-    sim.scripts = {"A": [MS, MS // 2, 3 * MS, 1_500_000, -20 * MS], "B": [-2 * MS, 3 * MS, -3 * MS]}
-    result = sim.run(5 * SECOND)
-    start, end = SECOND, 5 * SECOND - 200 * MS
-    assert round(100 * result.extreme_shares("B", 100 * MS, start, end)[0], 2) == 7.3
-    assert round(100 * result.extreme_shares("A", SECOND, start, end)[0], 2) == 47.76
 
 
 def test_capped_tenants_do_not_shorten_each_others_leases_in_turn() -> None:

@@ -192,7 +192,6 @@ class Simulation:
                         self.clock.advance(self.handoff_ns)
 
 
-
 class ScriptedOverruns(Simulation):
     """Each tenant's holds end past (or, negative, short of) its leases by its own script of
     overruns (`scripts[name]`, ns, in turn): a process whose work drains past its lease's end

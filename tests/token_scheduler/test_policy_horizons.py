@@ -549,7 +549,6 @@ def test_a_capped_lease_leaves_a_spare_above_half_of_a_neighbours_request() -> N
         assert 100 * result.extreme_shares(spec.name, SECOND, start, end)[1] <= spec.limit + 1, spec.name
 
 
-
 def test_capped_tenants_do_not_shorten_each_others_leases_in_turn() -> None:
     """A capped tenant's lease ends by when another capped one must start (above) only if it
     keeps three quarters of its length: down to a quarter, a 43/43 and a 47/47 tenant beside an

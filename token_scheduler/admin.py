@@ -29,6 +29,7 @@ class AdminTarget(Protocol):
     def remove_tenant(self, name: str) -> dict[str, object]: ...
     def list_tenants(self) -> list[dict[str, object]]: ...
     def stats(self) -> dict[str, object]: ...
+    def charges(self, since_ns: int) -> dict[str, object]: ...
 
 
 class _BadRequest(ValueError):
@@ -71,7 +72,10 @@ def _dispatch(target: AdminTarget, req: dict[str, object]) -> dict[str, object]:
         return {"tenants": target.list_tenants()}
     if op == "stats":
         return target.stats()
-    raise _BadRequest(f"unknown op {op!r} (ping, add, update, remove, list, stats)")
+    if op == "charges":
+        since = _field(req, "since_ns", int, required=False)
+        return target.charges(0 if since is None else since)  # type: ignore[arg-type]
+    raise _BadRequest(f"unknown op {op!r} (ping, add, update, remove, list, stats, charges)")
 
 
 def handle(target: AdminTarget, frames: list[bytes]) -> bytes:

@@ -456,6 +456,12 @@ class Daemon:
                  "priority": t.priority, "endpoint": self._endpoints[t.name].url}
                 for t in self.policy.tenants.values()]
 
+    def charges(self, since_ns: int) -> dict[str, object]:
+        """Each tenant's charged holds ending after `since_ns` (the daemon's clock), within
+        the window, as [start, end] pairs in ns."""
+        return {"tenants": {name: [[start, end] for start, end in holds]
+                            for name, holds in self.policy.charges(since_ns).items()}}
+
     def stats(self) -> dict[str, object]:
         """The policy's figures, and the daemon's stalls: how many turns woke STALL_NS or more
         past their timeout or took that long, and the last STALLS_KEPT of them as [when (the

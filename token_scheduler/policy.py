@@ -193,6 +193,10 @@ class UsageWindow:
                 used -= low - start
         return used
 
+    def ending_after(self, low: int) -> list[tuple[int, int]]:
+        """The kept intervals that end after `low`, by their ends."""
+        return [(start, end) for start, end in self._intervals if end > low]
+
     def time_to_shed(self, now: int, window: int, amount: int) -> int:
         """How long until the trailing edge of the window drops `amount` ns of usage
         (no new holds assumed). Overlapping intervals make the true time shorter."""
@@ -1438,6 +1442,13 @@ class Policy:
         self._end_lease()
 
     # --- stats ---------------------------------------------------------------------
+
+    def charges(self, since: int) -> dict[str, list[tuple[int, int]]]:
+        """Each tenant's charged holds (start, end) that end after `since`, within the sliding
+        window: when it held the token, as the policy charged it (the lease in force not yet).
+        A bench reads them beside the GPU time its tenants got (`bench/horizon_bench.py`)."""
+        low = max(since, self.clock() - self.config.window_ns)
+        return {tenant.name: tenant.usage.ending_after(low) for tenant in self.tenants.values()}
 
     def stats(self) -> dict[str, object]:
         now = self.clock()

@@ -133,6 +133,41 @@ def test_the_request_goal_is_checked_on_the_intervals_clear_of_the_hosts_hold_up
     assert bench.figures(bench.cumulative(dip), 0, 12 * second, held_up).clear_lows == pytest.approx((24.0, 0.0))
 
 
+def test_a_request_missed_only_inside_the_tenants_own_leases_is_told_apart(capsys) -> None:
+    """GPU time below half the request in some 100 ms is a miss, unless the scheduler's leases
+    held the request there: then it is listed apart, with both figures."""
+    bench = load_bench()
+    loads = [bench.Load("B", 13, 13, 0, 0)]
+
+    def run(tenth: float, held: tuple[float, float] | None) -> object:
+        figs = bench.Figures((12.2, 13.1), (tenth, 17.0), 12.6, [13.0] * 6, held_lows=held)
+        return bench.Run({"B": figs}, 20.0, 1.0)
+
+    old = run(0.0, None)
+    for held, missed, inside in (((12.4, 7.8), 0, 1), ((12.4, 6.0), 1, 0), (None, 1, 0)):
+        held_up: list[str] = []
+        inside_leases: list[str] = []
+        assert len(bench.report("steady", loads, {"off": [old], "on": [run(5.8, held)]}, held_up,
+                                inside_leases)) == missed
+        assert len(inside_leases) == inside and not held_up
+    assert inside_leases == [] and "B 12.4 6.0" in capsys.readouterr().out  # the leases' lows are printed
+    inside_leases = []
+    bench.report("steady", loads, {"off": [old], "on": [run(5.8, (12.4, 7.8))]}, [], inside_leases)
+    assert inside_leases == ["steady B: GPU time 12.2 % in its worst 1 s, 5.8 in its worst 100 ms; "
+                             "its leases held 12.4 and 7.8 at the least"]
+
+
+def test_charged_holds_are_merged_into_token_time() -> None:
+    bench = load_bench()
+    reader = bench.ChargeReader("/nonexistent")
+    ms = 1_000_000
+    reader.holds["a"] = {(10 * ms, 20 * ms), (15 * ms, 25 * ms), (40 * ms, 41 * ms)}  # read twice, overlapping
+    assert reader.points("a") == [(10 * ms, 0), (25 * ms, 15 * ms), (40 * ms, 15 * ms), (41 * ms, 16 * ms)]
+    assert reader.points("b") == []
+    reader.failed = "admin charges: no reply within 5.0 s"
+    assert reader.points("a") is None  # a hole: no lows from it
+
+
 def test_the_simulator_mode_reads_every_tenants_gpu_time_from_its_service_stretches(monkeypatch, capsys) -> None:
     bench = load_bench()
     monkeypatch.setitem(bench.SCENARIOS, "steady", (bench.SCENARIOS["steady"][0], 4))
@@ -141,4 +176,5 @@ def test_the_simulator_mode_reads_every_tenants_gpu_time_from_its_service_stretc
     for policy in ("off", "on"):
         assert f"A 50/50   {policy}" in out and f"B 13/13   {policy}" in out
     assert out.count("tenants interpolated 0,") == 2  # every stretch read: exact GPU time
+    assert out.count("lowest share of the token time the scheduler charged") == 2  # the daemon's charges read
     assert "host hold-ups of the bench" in out and "goals (new policy):" in out

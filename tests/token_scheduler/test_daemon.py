@@ -87,6 +87,27 @@ def test_grant_release_handoff_between_tenants(admin: AdminClient, zctx: zmq.Con
     assert stats["a"]["grants"] == 1 and stats["b"]["grants"] == 1  # type: ignore[index]
 
 
+def test_charges_name_each_tenants_holds_on_the_daemons_clock(admin: AdminClient, zctx: zmq.Context) -> None:
+    a = TenantClient(add(admin, "a", 50), zctx)
+    add(admin, "b", 50)
+    before = time.monotonic_ns()
+    lease = a.acquire().fields[0]
+    time.sleep(0.002)
+    a.release(lease, 2 * MS)
+    a.ping(1)
+    a.expect(MsgType.PONG)  # the release has been handled
+    after = time.monotonic_ns()
+    reply = admin.call("charges")
+    assert reply["ok"], reply
+    holds = reply["tenants"]
+    assert holds["b"] == []  # type: ignore[index]
+    [[start, end]] = holds["a"]  # type: ignore[index]
+    assert before <= start < end <= after and end - start >= 2 * MS
+    assert admin.call("charges", since_ns=end)["tenants"] == {"a": [], "b": []}
+    bad = admin.call("charges", since_ns="soon")
+    assert not bad["ok"] and "must be int" in str(bad["error"])
+
+
 def test_identity_comes_from_the_socket(admin: AdminClient, zctx: zmq.Context) -> None:
     a = TenantClient(add(admin, "a", 50), zctx)
     b = TenantClient(add(admin, "b", 50), zctx)

@@ -159,6 +159,17 @@ def test_work_conserving_past_request() -> None:
     assert policy.dispatch() is not None  # nobody else wants it: still served
 
 
+def test_charges_list_each_tenants_holds_within_the_window() -> None:
+    policy, clock = make(("a", 50, 100), ("b", 50, 100))
+    start = clock()
+    hold(policy, clock, "a", b"1", 5 * MS)
+    hold(policy, clock, "b", b"1", 3 * MS)
+    assert policy.charges(0) == {"a": [(start, start + 5 * MS)], "b": [(start + 5 * MS, start + 8 * MS)]}
+    assert policy.charges(start + 5 * MS) == {"a": [], "b": [(start + 5 * MS, start + 8 * MS)]}
+    clock.advance(CFG.window_ns - 2 * MS)  # a's hold has left the window, b's not yet
+    assert policy.charges(0) == {"a": [], "b": [(start + 5 * MS, start + 8 * MS)]}
+
+
 def test_lease_expires_and_late_release_charges_overrun() -> None:
     policy, clock = make(("a", 50, 100), ("b", 50, 100))
     policy.request("a", b"1", 0)

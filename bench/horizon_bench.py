@@ -29,13 +29,19 @@ scheduler's `held_back_ms`). Per tenant too, its token time over the same last
 10 s as the scheduler charged it (what the policy holds to request and limit),
 and how much of that each lease lost on the GPU (wake-up, launch and release of
 a lease, the process's own gaps): the GPU share is the token share less that.
+And its lowest share of that token time over any 1 s and any 100 ms (the
+scheduler's admin `charges`, read every 2 s): the leases the policy gave it.
 
 Goals: highest share over 1 s <= limit + 1 pp, over 100 ms <= limit + 10 pp;
 a tenant whose share is its request keeps >= request - 2 pp over any 1 s and
 >= request / 2 over any 100 ms (checked on the intervals clear of the host's
 hold-ups: the bench's own sampler thread woken 20 ms or more past its turn, a
 shared machine's CPU taken from every process at once; each run's hold-ups are
-printed, and a miss only where they were is listed apart, "the host's");
+printed, and a miss only where they were is listed apart, "the host's"; so
+is a miss where the tenant's leases held its request goals at both horizons
+with a point to spare (more than their handoffs lose) and its GPU time fell
+short only inside them, both figures printed: the scheduler neither sees nor
+decides what a holder's process leaves idle);
 10 s shares within 1 pp of the old policy's;
 per-second shares of a capped tenant within 2 pp of its limit after its first
 second; grants/s and CPU at most 2x the old policy's.
@@ -86,6 +92,13 @@ SECOND = 1_000_000_000
 KERNEL_US, DEPTH = 2000, 10
 SAMPLE_S = 0.01
 POLICIES = ("off", "on")
+# How far above a request goal a tenant's leases must be for a miss of its GPU time to be
+# set apart as its own (`report`): its leases lose a few tenths of a millisecond each to their
+# handoffs (printed per scenario), which is the system's cost, not the tenant's; the policy
+# leaves a 13 % tenant a millisecond above half its request in every 100 ms for that
+# (HALF_REQUEST_SPARE_NS). A miss whose leases held less than a point above the goal is a
+# miss: a 50/50 tenant among three whose leases held 48.4 % in their worst second got 48.0.
+LEASE_MARGIN_PP = 1.0
 
 
 @dataclass(frozen=True)
@@ -460,7 +473,8 @@ def report(name: str, loads: list[Load], runs: dict[str, list[Run]], held_up: li
                 if one >= load.request - 2 and tenth >= load.request / 2:
                     held_up.append(f"{name} {load.name}: below its request only where the host held the bench "
                                    f"up (elsewhere {one:.1f} % over 1 s, {tenth:.1f} over 100 ms)")
-                elif leases is not None and leases[0] >= load.request - 2 and leases[1] >= load.request / 2:
+                elif (leases is not None and leases[0] >= load.request - 2 + LEASE_MARGIN_PP
+                      and leases[1] >= load.request / 2 + LEASE_MARGIN_PP):
                     inside_leases.append(
                         f"{name} {load.name}: GPU time {f.one_s[0]:.1f} % in its worst 1 s, {f.tenth_s[0]:.1f} in its "
                         f"worst 100 ms; its leases held {leases[0]:.1f} and {leases[1]:.1f} at the least")

@@ -135,7 +135,7 @@ def test_the_request_goal_is_checked_on_the_intervals_clear_of_the_hosts_hold_up
 
 def test_a_request_missed_only_inside_the_tenants_own_leases_is_told_apart(capsys) -> None:
     """GPU time below half the request in some 100 ms is a miss, unless the scheduler's leases
-    held the request there: then it is listed apart, with both figures."""
+    held both request goals with a point to spare: then it is listed apart, with both figures."""
     bench = load_bench()
     loads = [bench.Load("B", 13, 13, 0, 0)]
 
@@ -144,7 +144,9 @@ def test_a_request_missed_only_inside_the_tenants_own_leases_is_told_apart(capsy
         return bench.Run({"B": figs}, 20.0, 1.0)
 
     old = run(0.0, None)
-    for held, missed, inside in (((12.4, 7.8), 0, 1), ((12.4, 6.0), 1, 0), (None, 1, 0)):
+    # Leases a point above the goals: apart; less (their handoffs may have cost the rest), or unknown: missed.
+    for held, missed, inside in (((12.4, 7.8), 0, 1), ((12.4, 7.2), 1, 0), ((11.6, 7.8), 1, 0), ((12.4, 6.0), 1, 0),
+                                 (None, 1, 0)):
         held_up: list[str] = []
         inside_leases: list[str] = []
         assert len(bench.report("steady", loads, {"off": [old], "on": [run(5.8, held)]}, held_up,

@@ -67,7 +67,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +75,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from workload import BusySampler, build, kill_all, scheduler  # noqa: E402
+from workload import Background, BusySampler, build, kill_all, scheduler  # noqa: E402
 
 from py_vcuda.launch import Tenant, tenant_env  # noqa: E402
 from py_vcuda.sim import SimConfig  # noqa: E402
@@ -168,27 +167,19 @@ def charged_marks(admin: AdminClient, end: int) -> Marks:
     return marks
 
 
-class ChargeReader:
+class ChargeReader(Background):
     """Reads the daemon's `charges` (every tenant's charged holds, within its 10 s window)
     every READ_S in a thread of its own with its own admin socket, and keeps them all:
     a run is longer than the window."""
 
     READ_S = 2.0
+    JOIN_S = 10.0  # the last read may wait out an admin call's 5 s timeout
 
     def __init__(self, admin_path: str) -> None:
         self.admin_path = admin_path
         self.holds: dict[str, set[tuple[int, int]]] = {}
         self.failed: str | None = None  # why a read failed: the holds then have a hole
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="charge-reader", daemon=True)
-
-    def __enter__(self) -> ChargeReader:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
+        super().__init__("charge-reader")
 
     def _run(self) -> None:
         client = AdminClient(self.admin_path)

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Self
 
 from py_vcuda.sim import STRETCHES, SimReader
 from token_scheduler.shares import cumulative
@@ -86,7 +87,29 @@ class ServedLog:
         return cumulative(sorted(self.ends.items()))
 
 
-class BusySampler:
+class Background:
+    """A daemon thread that runs `_run` from the `with` block's start; at its end `_stop`
+    is set and the thread joined (for up to JOIN_S)."""
+
+    JOIN_S = 5.0
+
+    def __init__(self, name: str) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(self.JOIN_S)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class BusySampler(Background):
     """Samples (CLOCK_MONOTONIC ns, {pid: busy ns}) of device 0 every `interval_s` in a thread.
 
     A sample is timed by the clock read before and after it (the simulator serves work up to
@@ -107,16 +130,7 @@ class BusySampler:
         self.dropped = 0
         self.served: dict[int, ServedLog] | None = {} if served else None
         self.held_up: list[tuple[int, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="busy-sampler", daemon=True)
-
-    def __enter__(self) -> BusySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
+        super().__init__("busy-sampler")
 
     def _run(self) -> None:
         reader = None

@@ -375,6 +375,32 @@ def test_the_capped_tenant_whose_frame_ends_first_goes_first() -> None:
     assert grant is not None and grant.tenant == "a"
 
 
+@pytest.mark.parametrize(("busy_before", "first"), [(True, "b"), (False, "a")])
+def test_a_capped_tenant_below_half_its_request_while_busy_goes_first(busy_before: bool, first: str) -> None:
+    """a (50/50) and b (13/13), capped alone. b held 13 ms at 0 (or nothing: back from idle),
+    a 50 ms at 20 ms, b 3 ms of its 13 ms lease at 100 ms (its process paused). At 125 ms both
+    wait; a's next frame ends first (220 ms, its lease 50 ms; b's at 200 ms). Busy before, b is
+    below half its request over the last 100 ms by no doing of its own: it goes first, with the
+    rest of its frame. Back from idle, it holds what it asked for, and a goes first."""
+    policy, clock = make(("a", 50, 50), ("b", 13, 13))
+    t0 = clock.now
+    leases = [("a", b"1", 20 * MS, 50 * MS, 50 * MS), ("b", b"2", 100 * MS, 3 * MS, 13 * MS)]
+    if busy_before:
+        leases.insert(0, ("b", b"2", 0, 13 * MS, 13 * MS))
+    for name, client, at, held, predicted in leases:
+        clock.set(t0 + at)
+        policy.request(name, client, predicted)
+        grant = policy.dispatch()
+        assert grant is not None and grant.tenant == name
+        clock.advance(held)
+        policy.release(name, client, grant.lease_id, held, False)
+    clock.set(t0 + 125 * MS)
+    policy.request("a", b"1", 50 * MS)
+    policy.request("b", b"2", 13 * MS)
+    grant = policy.dispatch()
+    assert grant is not None and (grant.tenant, grant.quantum_ns) == (first, {"a": 50 * MS, "b": 10 * MS}[first])
+
+
 def test_a_tenant_below_its_request_revokes_an_elastic_holder_above_its_own() -> None:
     """b (60 %) works 30 ms, then pauses 5 ms; a (40 %, limit 70) is always busy. Each
     pause lent a its frame's lease, 50 ms, and b waited for all of it: 37.5 % against
